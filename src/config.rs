@@ -1,0 +1,867 @@
+//! The configuration: the TOML schema of SPEC.md, environment overrides, and the
+//! validation that turns a file into a `Config` the rest of the program can trust.
+//!
+//! Everything that can be wrong with a configuration is found here, at start (or by
+//! `check-config`), and reported with the name of the field: nothing downstream parses
+//! or resolves configuration per request.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::Uri;
+use serde::Deserialize;
+
+/// A configuration problem, always naming the field it is about.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The file as written (every field optional, unknown fields refused).
+// ---------------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    admin_listen: Option<String>,
+    upstream: Option<String>,
+    upstream_timeout: Option<String>,
+    max_body: Option<String>,
+    max_response: Option<String>,
+    shutdown_grace: Option<String>,
+    store: Option<RawStore>,
+    dedup: Option<RawDedup>,
+    #[serde(default, rename = "route")]
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    url: Option<String>,
+    key_prefix: Option<String>,
+    timeout: Option<String>,
+    on_error: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDedup {
+    lease: Option<String>,
+    retention: Option<String>,
+    in_flight: Option<String>,
+    wait_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: Option<String>,
+    path: Option<String>,
+    provider: Option<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
+    tolerance: Option<String>,
+    key: Option<String>,
+    upstream_path: Option<String>,
+    // `custom` provider fields
+    signature_header: Option<String>,
+    hash: Option<String>,
+    encoding: Option<String>,
+    prefix: Option<String>,
+    timestamp_header: Option<String>,
+    signed: Option<String>,
+    // `twilio`
+    public_url: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------
+// The validated configuration.
+// ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub upstream: Uri,
+    pub upstream_timeout: Duration,
+    pub max_body: usize,
+    /// Cap on an upstream answer's body: larger answers are not buffered or stored
+    /// (the delivery gets 502 and its claim is released).
+    pub max_response: usize,
+    pub shutdown_grace: Duration,
+    pub store: StoreConfig,
+    pub dedup: DedupConfig,
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Memory,
+    Redis(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: StoreUrl,
+    /// False when neither a `[store]` section nor `IDEMGATE_STORE_URL` chose the store.
+    pub explicit: bool,
+    pub key_prefix: String,
+    pub timeout: Duration,
+    pub on_error: OnStoreError,
+}
+
+/// What a delivery gets when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// 503 + Retry-After: the provider keeps the delivery and retries.
+    Reject,
+    /// Forward without de-duplication (availability over exactly-once).
+    Pass,
+}
+
+/// What a copy gets while the first copy of its delivery is still being processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightPolicy {
+    Reject,
+    Wait,
+}
+
+#[derive(Debug, Clone)]
+pub struct DedupConfig {
+    pub lease: Duration,
+    pub retention: Duration,
+    pub in_flight: InFlightPolicy,
+    pub wait_timeout: Duration,
+}
+
+/// One secret as configured: where it comes from (kept for redacted display) and its
+/// resolved value (never displayed).
+#[derive(Clone)]
+pub struct Secret {
+    pub source: String,
+    pub value: Vec<u8>,
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({})", redact_source(&self.source))
+    }
+}
+
+/// How a secret source is shown: `env:` and `file:` names are not secret, literals are.
+pub fn redact_source(source: &str) -> String {
+    if source.starts_with("env:") || source.starts_with("file:") {
+        source.to_string()
+    } else {
+        "<redacted literal>".to_string()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path: String,
+    pub provider: String,
+    pub secrets: Vec<Secret>,
+    pub tolerance: Option<Duration>,
+    pub key: Option<String>,
+    pub upstream_path: Option<String>,
+    pub custom: CustomFields,
+}
+
+/// The fields that only some providers read.
+#[derive(Debug, Clone, Default)]
+pub struct CustomFields {
+    pub signature_header: Option<String>,
+    pub hash: Option<String>,
+    pub encoding: Option<String>,
+    pub prefix: Option<String>,
+    pub timestamp_header: Option<String>,
+    pub signed: Option<String>,
+    pub public_url: Option<String>,
+}
+
+impl Config {
+    /// Loads the file (if any), applies the environment overrides and validates.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p).map_err(|e| {
+                ConfigError::new("config", format!("cannot read {}: {e}", p.display()))
+            })?,
+            None => String::new(),
+        };
+        Self::from_toml_with_env(&text, |name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates TOML text; `env` looks up environment variables (for the
+    /// `IDEMGATE_*` overrides and `env:` secrets), so tests need not touch the process
+    /// environment.
+    pub fn from_toml_with_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let msg = e.message().to_string();
+            // toml names unknown fields in the message; point at the section too.
+            let field = e
+                .span()
+                .and_then(|s| text.get(s))
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty() && s.len() < 80)
+                .unwrap_or_else(|| "config".to_string());
+            ConfigError::new(field, msg)
+        })?;
+        validate(raw, &env)
+    }
+
+    /// Whether duplicates are only caught within this process.
+    pub fn memory_store_warning(&self) -> Option<&'static str> {
+        (self.store.url == StoreUrl::Memory).then_some(
+            "the store is the in-memory store: duplicates are only caught per replica; \
+             configure [store] url = \"redis://...\" to share claims across replicas",
+        )
+    }
+
+    /// The effective configuration as TOML, with every secret redacted.
+    pub fn redacted_toml(&self) -> String {
+        use std::fmt::Write;
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let mut out = String::new();
+        let _ = writeln!(out, "listen = {}", q(&self.listen.to_string()));
+        let _ = writeln!(out, "admin_listen = {}", q(&self.admin_listen.to_string()));
+        let _ = writeln!(out, "upstream = {}", q(&self.upstream.to_string()));
+        let _ = writeln!(out, "upstream_timeout = {}", q(&d(self.upstream_timeout)));
+        let _ = writeln!(out, "max_body = {}", self.max_body);
+        let _ = writeln!(out, "max_response = {}", self.max_response);
+        let _ = writeln!(out, "shutdown_grace = {}", q(&d(self.shutdown_grace)));
+        let _ = writeln!(out, "\n[store]");
+        let url = match &self.store.url {
+            StoreUrl::Memory => "memory".to_string(),
+            StoreUrl::Redis(u) => redact_url(u),
+        };
+        let _ = writeln!(out, "url = {}", q(&url));
+        let _ = writeln!(out, "key_prefix = {}", q(&self.store.key_prefix));
+        let _ = writeln!(out, "timeout = {}", q(&d(self.store.timeout)));
+        let on_error = match self.store.on_error {
+            OnStoreError::Reject => "reject",
+            OnStoreError::Pass => "pass",
+        };
+        let _ = writeln!(out, "on_error = {}", q(on_error));
+        let _ = writeln!(out, "\n[dedup]");
+        let _ = writeln!(out, "lease = {}", q(&d(self.dedup.lease)));
+        let _ = writeln!(out, "retention = {}", q(&d(self.dedup.retention)));
+        let in_flight = match self.dedup.in_flight {
+            InFlightPolicy::Reject => "reject",
+            InFlightPolicy::Wait => "wait",
+        };
+        let _ = writeln!(out, "in_flight = {}", q(in_flight));
+        let _ = writeln!(out, "wait_timeout = {}", q(&d(self.dedup.wait_timeout)));
+        for r in &self.routes {
+            let _ = writeln!(out, "\n[[route]]");
+            let _ = writeln!(out, "name = {}", q(&r.name));
+            let _ = writeln!(out, "path = {}", q(&r.path));
+            let _ = writeln!(out, "provider = {}", q(&r.provider));
+            let secrets: Vec<String> = r
+                .secrets
+                .iter()
+                .map(|s| q(&redact_source(&s.source)))
+                .collect();
+            let _ = writeln!(out, "secrets = [{}]", secrets.join(", "));
+            if let Some(t) = r.tolerance {
+                let _ = writeln!(out, "tolerance = {}", q(&d(t)));
+            }
+            if let Some(k) = &r.key {
+                let _ = writeln!(out, "key = {}", q(k));
+            }
+            if let Some(p) = &r.upstream_path {
+                let _ = writeln!(out, "upstream_path = {}", q(p));
+            }
+            let c = &r.custom;
+            for (name, v) in [
+                ("signature_header", &c.signature_header),
+                ("hash", &c.hash),
+                ("encoding", &c.encoding),
+                ("prefix", &c.prefix),
+                ("timestamp_header", &c.timestamp_header),
+                ("signed", &c.signed),
+                ("public_url", &c.public_url),
+            ] {
+                if let Some(v) = v {
+                    let _ = writeln!(out, "{name} = {}", q(v));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Hides a password in a Redis URL (`redis://user:pw@host` → `redis://user:***@host`).
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..])
+        }
+        None => url.to_string(),
+    }
+}
+
+pub fn parse_duration(field: &str, s: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(s.trim()).map_err(|e| {
+        ConfigError::new(
+            field,
+            format!("`{s}` is not a duration like 30s or 72h ({e})"),
+        )
+    })
+}
+
+/// Parses `1MiB`, `512KiB`, `64KB`, `1000` (bytes).
+pub fn parse_size(field: &str, s: &str) -> Result<usize, ConfigError> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '_')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .replace('_', "")
+        .parse()
+        .map_err(|_| ConfigError::new(field, format!("`{s}` is not a size like 1MiB or 64KiB")))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1024,
+        "m" | "mb" => 1000 * 1000,
+        "mib" => 1024 * 1024,
+        "g" | "gb" => 1000 * 1000 * 1000,
+        "gib" => 1024 * 1024 * 1024,
+        other => {
+            return Err(ConfigError::new(
+                field,
+                format!("unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"),
+            ));
+        }
+    };
+    let bytes = n
+        .checked_mul(mult)
+        .filter(|b| *b > 0)
+        .ok_or_else(|| ConfigError::new(field, format!("`{s}` must be a positive size")))?;
+    usize::try_from(bytes).map_err(|_| ConfigError::new(field, "size too large"))
+}
+
+fn parse_addr(field: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.trim().parse().map_err(|_| {
+        ConfigError::new(
+            field,
+            format!("`{s}` is not an address like 0.0.0.0:8080 or 127.0.0.1:9090"),
+        )
+    })
+}
+
+fn parse_upstream(field: &str, s: &str) -> Result<Uri, ConfigError> {
+    let uri: Uri = s
+        .trim()
+        .parse()
+        .map_err(|e| ConfigError::new(field, format!("`{s}` is not a URL ({e})")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(ConfigError::new(
+            field,
+            "the upstream must be an http:// URL (the application beside the sidecar)",
+        ));
+    }
+    if uri.authority().is_none() {
+        return Err(ConfigError::new(
+            field,
+            "the upstream URL needs a host and port",
+        ));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(ConfigError::new(
+            field,
+            "the upstream URL is scheme://host:port only; use a route's upstream_path for paths",
+        ));
+    }
+    Ok(uri)
+}
+
+/// Resolves `env:NAME`, `file:/path` or a literal into the secret's bytes.
+pub fn resolve_secret(
+    field: &str,
+    source: &str,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Secret, ConfigError> {
+    let value = if let Some(name) = source.strip_prefix("env:") {
+        env(name).ok_or_else(|| {
+            ConfigError::new(field, format!("environment variable {name} is not set"))
+        })?
+    } else if let Some(path) = source.strip_prefix("file:") {
+        std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(field, format!("cannot read secret file {path}: {e}")))?
+            .trim()
+            .to_string()
+    } else {
+        source.to_string()
+    };
+    if value.is_empty() {
+        return Err(ConfigError::new(
+            field,
+            format!("the secret from {} is empty", redact_source(source)),
+        ));
+    }
+    Ok(Secret {
+        source: source.to_string(),
+        value: value.into_bytes(),
+    })
+}
+
+fn one_of<T: Copy>(field: &str, s: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
+    options
+        .iter()
+        .find(|(name, _)| *name == s)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            ConfigError::new(field, format!("`{s}` is not one of: {}", names.join(", ")))
+        })
+}
+
+fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    let pick = |env_name: &str, file: Option<String>, default: &str| -> (String, &'static str) {
+        match env(env_name).filter(|v| !v.is_empty()) {
+            Some(v) => (v, "env"),
+            None => (file.unwrap_or_else(|| default.to_string()), "file"),
+        }
+    };
+    let field_name = |name: &str, env_name: &str, from: &str| -> String {
+        if from == "env" {
+            env_name.to_string()
+        } else {
+            name.to_string()
+        }
+    };
+
+    let (listen, from) = pick("IDEMGATE_LISTEN", raw.listen, "0.0.0.0:8080");
+    let listen = parse_addr(&field_name("listen", "IDEMGATE_LISTEN", from), &listen)?;
+    let (admin, from) = pick("IDEMGATE_ADMIN_LISTEN", raw.admin_listen, "0.0.0.0:9090");
+    let admin_listen = parse_addr(
+        &field_name("admin_listen", "IDEMGATE_ADMIN_LISTEN", from),
+        &admin,
+    )?;
+    if listen == admin_listen && listen.port() != 0 {
+        return Err(ConfigError::new(
+            "admin_listen",
+            "must differ from listen: the admin surface is kept off the webhook port",
+        ));
+    }
+    let (upstream, from) = pick("IDEMGATE_UPSTREAM", raw.upstream, "http://127.0.0.1:3000");
+    let upstream = parse_upstream(
+        &field_name("upstream", "IDEMGATE_UPSTREAM", from),
+        &upstream,
+    )?;
+
+    let dur = |field: &str, v: Option<String>, default: &str| -> Result<Duration, ConfigError> {
+        let d = parse_duration(field, v.as_deref().unwrap_or(default))?;
+        if d.is_zero() {
+            return Err(ConfigError::new(field, "must be greater than zero"));
+        }
+        Ok(d)
+    };
+    let upstream_timeout = dur("upstream_timeout", raw.upstream_timeout, "10s")?;
+    let max_body = parse_size("max_body", raw.max_body.as_deref().unwrap_or("1MiB"))?;
+    let max_response = parse_size(
+        "max_response",
+        raw.max_response.as_deref().unwrap_or("1MiB"),
+    )?;
+    let shutdown_grace = dur("shutdown_grace", raw.shutdown_grace, "25s")?;
+
+    let store_section = raw.store.is_some();
+    let rs = raw.store.unwrap_or_default();
+    let env_url = env("IDEMGATE_STORE_URL").filter(|v| !v.is_empty());
+    let explicit = store_section || env_url.is_some();
+    let (url_field, url_text) = match env_url {
+        Some(u) => ("IDEMGATE_STORE_URL", u),
+        None if store_section => (
+            "store.url",
+            rs.url
+                .unwrap_or_else(|| "redis://127.0.0.1:6379/0".to_string()),
+        ),
+        None => ("store.url", "memory".to_string()),
+    };
+    let url = if url_text == "memory" {
+        StoreUrl::Memory
+    } else if url_text.starts_with("redis://")
+        || url_text.starts_with("rediss://")
+        || url_text.starts_with("redis+unix://")
+        || url_text.starts_with("unix://")
+    {
+        redis::parse_redis_url(&url_text).ok_or_else(|| {
+            ConfigError::new(
+                url_field,
+                format!("`{}` is not a valid Redis URL", redact_url(&url_text)),
+            )
+        })?;
+        StoreUrl::Redis(url_text)
+    } else {
+        return Err(ConfigError::new(
+            url_field,
+            "must be \"memory\" or a redis:// / rediss:// URL",
+        ));
+    };
+    let key_prefix = rs.key_prefix.unwrap_or_else(|| "idemgate".to_string());
+    if key_prefix.is_empty()
+        || key_prefix.contains(['{', '}'])
+        || key_prefix.contains(char::is_whitespace)
+    {
+        return Err(ConfigError::new(
+            "store.key_prefix",
+            "must be non-empty, without braces or spaces (braces are the Redis Cluster hash tag)",
+        ));
+    }
+    let store = StoreConfig {
+        url,
+        explicit,
+        key_prefix,
+        timeout: dur("store.timeout", rs.timeout, "1s")?,
+        on_error: one_of(
+            "store.on_error",
+            rs.on_error.as_deref().unwrap_or("reject"),
+            &[
+                ("reject", OnStoreError::Reject),
+                ("pass", OnStoreError::Pass),
+            ],
+        )?,
+    };
+
+    let rd = raw.dedup.unwrap_or_default();
+    let dedup = DedupConfig {
+        lease: dur("dedup.lease", rd.lease, "30s")?,
+        retention: dur("dedup.retention", rd.retention, "72h")?,
+        in_flight: one_of(
+            "dedup.in_flight",
+            rd.in_flight.as_deref().unwrap_or("reject"),
+            &[
+                ("reject", InFlightPolicy::Reject),
+                ("wait", InFlightPolicy::Wait),
+            ],
+        )?,
+        wait_timeout: dur("dedup.wait_timeout", rd.wait_timeout, "5s")?,
+    };
+
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    let mut names = HashSet::new();
+    let mut paths = HashSet::new();
+    for (i, r) in raw.routes.into_iter().enumerate() {
+        let at = |f: &str| format!("route[{i}].{f}");
+        let name = r
+            .name
+            .ok_or_else(|| ConfigError::new(at("name"), "is required"))?;
+        if name.is_empty()
+            || name == "-"
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        {
+            return Err(ConfigError::new(
+                at("name"),
+                format!(
+                    "`{name}` must be letters, digits, `_`, `-` or `.` (it is used in Redis keys and metric labels)"
+                ),
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(ConfigError::new(
+                at("name"),
+                format!("`{name}` is used by two routes"),
+            ));
+        }
+        let path = r
+            .path
+            .ok_or_else(|| ConfigError::new(at("path"), "is required"))?;
+        if !path.starts_with('/') || path.contains('?') {
+            return Err(ConfigError::new(
+                at("path"),
+                "must start with / and hold no query",
+            ));
+        }
+        if !paths.insert(path.clone()) {
+            return Err(ConfigError::new(
+                at("path"),
+                format!("`{path}` is used by two routes"),
+            ));
+        }
+        let provider = r
+            .provider
+            .ok_or_else(|| ConfigError::new(at("provider"), "is required"))?;
+        if r.secrets.is_empty() {
+            return Err(ConfigError::new(
+                at("secrets"),
+                "at least one secret is required",
+            ));
+        }
+        let mut secrets = Vec::with_capacity(r.secrets.len());
+        for (j, s) in r.secrets.iter().enumerate() {
+            secrets.push(resolve_secret(&format!("route[{i}].secrets[{j}]"), s, env)?);
+        }
+        let tolerance = match r.tolerance {
+            Some(t) => Some(parse_duration(&at("tolerance"), &t)?),
+            None => None,
+        };
+        if let Some(p) = &r.upstream_path
+            && (!p.starts_with('/') || p.contains('?'))
+        {
+            return Err(ConfigError::new(
+                at("upstream_path"),
+                "must start with / and hold no query",
+            ));
+        }
+        routes.push(RouteConfig {
+            name,
+            path,
+            provider,
+            secrets,
+            tolerance,
+            key: r.key,
+            upstream_path: r.upstream_path,
+            custom: CustomFields {
+                signature_header: r.signature_header,
+                hash: r.hash,
+                encoding: r.encoding,
+                prefix: r.prefix,
+                timestamp_header: r.timestamp_header,
+                signed: r.signed,
+                public_url: r.public_url,
+            },
+        });
+    }
+
+    let config = Config {
+        listen,
+        admin_listen,
+        upstream,
+        upstream_timeout,
+        max_body,
+        max_response,
+        shutdown_grace,
+        store,
+        dedup,
+        routes,
+    };
+    // Provider-specific checks (secret formats, tolerance rules, key sources) belong to
+    // the providers; building every route once here reports them at start.
+    for (i, r) in config.routes.iter().enumerate() {
+        let route = crate::providers::build_route(r, &config)
+            .map_err(|e| ConfigError::new(format!("route[{i}].{}", e.field), e.message))?;
+        if let Some(tol) = route.tolerance()
+            && config.dedup.retention <= tol
+        {
+            return Err(ConfigError::new(
+                "dedup.retention",
+                format!(
+                    "must be longer than route `{}`'s tolerance ({}): otherwise a replayed \
+                     request inside the window could find its key forgotten",
+                    r.name,
+                    humantime::format_duration(tol)
+                ),
+            ));
+        }
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_none(_: &str) -> Option<String> {
+        None
+    }
+
+    const ROUTE: &str = r#"
+[[route]]
+name = "wh"
+path = "/webhooks/wh"
+provider = "standard"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+"#;
+
+    #[test]
+    fn defaults_without_a_file_use_the_memory_store() {
+        let c = Config::from_toml_with_env("", env_none).unwrap();
+        assert_eq!(c.listen.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.admin_listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(c.upstream.to_string(), "http://127.0.0.1:3000/");
+        assert_eq!(c.upstream_timeout, Duration::from_secs(10));
+        assert_eq!(c.max_body, 1024 * 1024);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(25));
+        assert_eq!(c.store.url, StoreUrl::Memory);
+        assert!(!c.store.explicit);
+        assert!(c.memory_store_warning().is_some());
+        assert_eq!(c.store.timeout, Duration::from_secs(1));
+        assert_eq!(c.store.on_error, OnStoreError::Reject);
+        assert_eq!(c.dedup.lease, Duration::from_secs(30));
+        assert_eq!(c.dedup.retention, Duration::from_secs(72 * 3600));
+        assert_eq!(c.dedup.in_flight, InFlightPolicy::Reject);
+        assert_eq!(c.dedup.wait_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_store_section_defaults_to_local_redis() {
+        let c = Config::from_toml_with_env("[store]\n", env_none).unwrap();
+        assert_eq!(
+            c.store.url,
+            StoreUrl::Redis("redis://127.0.0.1:6379/0".into())
+        );
+        assert!(c.memory_store_warning().is_none());
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |n: &str| match n {
+            "IDEMGATE_LISTEN" => Some("127.0.0.1:1111".to_string()),
+            "IDEMGATE_ADMIN_LISTEN" => Some("127.0.0.1:2222".to_string()),
+            "IDEMGATE_UPSTREAM" => Some("http://127.0.0.1:3333".to_string()),
+            "IDEMGATE_STORE_URL" => Some("redis://127.0.0.1:4444/1".to_string()),
+            _ => None,
+        };
+        let c =
+            Config::from_toml_with_env("listen = \"0.0.0.0:1\"\n[store]\nurl = \"memory\"\n", env)
+                .unwrap();
+        assert_eq!(c.listen.port(), 1111);
+        assert_eq!(c.admin_listen.port(), 2222);
+        assert_eq!(c.upstream.port_u16(), Some(3333));
+        assert_eq!(
+            c.store.url,
+            StoreUrl::Redis("redis://127.0.0.1:4444/1".into())
+        );
+    }
+
+    fn err(text: &str) -> ConfigError {
+        Config::from_toml_with_env(text, env_none).unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(err("bogus = 1").to_string().contains("bogus"));
+        assert!(err("[store]\nbogus = 1").to_string().contains("bogus"));
+        assert_eq!(err("upstream_timeout = \"ten\"").field, "upstream_timeout");
+        assert_eq!(err("max_body = \"1 lightyear\"").field, "max_body");
+        assert_eq!(
+            err("[dedup]\nin_flight = \"maybe\"").field,
+            "dedup.in_flight"
+        );
+        assert_eq!(
+            err("[store]\non_error = \"ignore\"").field,
+            "store.on_error"
+        );
+        assert_eq!(err("[store]\nurl = \"mysql://x\"").field, "store.url");
+        assert_eq!(err("listen = \"nowhere\"").field, "listen");
+        assert_eq!(err("upstream = \"https://x:1\"").field, "upstream");
+        assert_eq!(err("[dedup]\nlease = \"0s\"").field, "dedup.lease");
+    }
+
+    #[test]
+    fn route_errors_name_the_route_field() {
+        let two_paths = format!(
+            "{ROUTE}{}",
+            ROUTE.replace("name = \"wh\"", "name = \"wh2\"")
+        );
+        assert_eq!(err(&two_paths).field, "route[1].path");
+        let no_secret = ROUTE.replace(
+            "secrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]",
+            "secrets = []",
+        );
+        assert_eq!(err(&no_secret).field, "route[0].secrets");
+        let env_secret = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "env:IDEMGATE_TEST_UNSET",
+        );
+        let e = err(&env_secret);
+        assert_eq!(e.field, "route[0].secrets[0]");
+        assert!(e.message.contains("IDEMGATE_TEST_UNSET"));
+        let file_secret = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "file:/nonexistent/secret",
+        );
+        assert_eq!(err(&file_secret).field, "route[0].secrets[0]");
+        let bad_name = ROUTE.replace("name = \"wh\"", "name = \"a b{c}\"");
+        assert_eq!(err(&bad_name).field, "route[0].name");
+        let bad_provider =
+            ROUTE.replace("provider = \"standard\"", "provider = \"carrier-pigeon\"");
+        assert_eq!(err(&bad_provider).field, "route[0].provider");
+    }
+
+    #[test]
+    fn retention_must_exceed_every_tolerance() {
+        let text = format!("[dedup]\nretention = \"5m\"\n{ROUTE}");
+        assert_eq!(err(&text).field, "dedup.retention");
+        let text = format!("[dedup]\nretention = \"5m1s\"\n{ROUTE}");
+        assert!(Config::from_toml_with_env(&text, env_none).is_ok());
+    }
+
+    #[test]
+    fn file_secrets_are_trimmed_and_empty_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        std::fs::write(&p, "  whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n").unwrap();
+        let text = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            &format!("file:{}", p.display()),
+        );
+        let c = Config::from_toml_with_env(&text, env_none).unwrap();
+        assert_eq!(
+            c.routes[0].secrets[0].value,
+            b"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        );
+        std::fs::write(&p, " \n").unwrap();
+        assert_eq!(err(&text).field, "route[0].secrets[0]");
+    }
+
+    #[test]
+    fn redacted_output_hides_secrets_and_passwords() {
+        let text = format!("[store]\nurl = \"redis://u:hunter2@127.0.0.1:6379/0\"\n{ROUTE}");
+        let c = Config::from_toml_with_env(&text, env_none).unwrap();
+        let shown = c.redacted_toml();
+        assert!(!shown.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"));
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("<redacted literal>"));
+        assert!(shown.contains("redis://u:***@127.0.0.1:6379/0"));
+        // What is printed is itself a valid configuration of the same shape.
+        assert!(toml::from_str::<toml::Value>(&shown).is_ok());
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("f", "1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("f", "64KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("f", "1000").unwrap(), 1000);
+        assert!(parse_size("f", "0").is_err());
+        assert_eq!(
+            parse_duration("f", "72h").unwrap(),
+            Duration::from_secs(72 * 3600)
+        );
+    }
+}

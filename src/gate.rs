@@ -1,0 +1,688 @@
+//! The delivery pipeline, in the order a delivery flows through it:
+//!
+//! route → read body → verify → identify → claim → forward → settle → answer.
+//!
+//! The pure parts (what to do with each claim outcome, the shape of every answer) are
+//! plain functions; the I/O parts (store, upstream) are thin calls around them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+
+use crate::config::{Config, InFlightPolicy, OnStoreError};
+use crate::metrics::{Metrics, Outcome, RouteMetrics, StoreOp};
+use crate::providers::{self, Fingerprint, KeyError, Refusal, Rejection, Route};
+use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
+use crate::upstream::{self, Outgoing, Upstream, UpstreamError, UpstreamResponse};
+
+pub type Answer = Response<Full<Bytes>>;
+
+/// The header that marks an answer replayed from the store.
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+struct RouteEntry {
+    route: Route,
+    metrics: RouteMetrics,
+}
+
+/// Everything a delivery needs, built once at start and shared by all connections.
+pub struct Gate<S> {
+    routes: HashMap<String, RouteEntry>,
+    no_route: RouteMetrics,
+    store: S,
+    upstream: Upstream,
+    metrics: Arc<Metrics>,
+    max_body: usize,
+    on_error: OnStoreError,
+    in_flight: InFlightPolicy,
+    wait_timeout: Duration,
+    lease: Duration,
+}
+
+/// What to do after a claim attempt: the pure decision of the answer table.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// First seen (or released before): forward, owning `Token`.
+    Forward(Token),
+    /// Completed with the same payload: replay the stored answer.
+    Replay(StoredResponse),
+    /// Held by another claimer: wait for it (policy `wait`, not yet waited).
+    Wait,
+    /// Answer without forwarding.
+    Refuse(Refused),
+}
+
+/// An answer that is not the upstream's: an outcome, a status and a short reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub outcome: Outcome,
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<u64>,
+}
+
+impl Refused {
+    fn new(
+        outcome: Outcome,
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Refused {
+            outcome,
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs.max(1));
+        self
+    }
+}
+
+/// `Retry-After` for a copy in flight: the claimer's remaining lease, rounded up to
+/// whole seconds, at least 1.
+pub fn retry_after_secs(remaining: Duration) -> u64 {
+    remaining.as_millis().div_ceil(1000).max(1) as u64
+}
+
+/// The decision for each claim outcome (SPEC.md's answer table).
+pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
+    match claim {
+        Claim::Claimed(token) => Step::Forward(token),
+        Claim::Completed(resp) => Step::Replay(resp),
+        Claim::Mismatch => Step::Refuse(Refused::new(
+            Outcome::PayloadMismatch,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "payload_mismatch",
+            "this idempotency key was already used with a different payload",
+        )),
+        Claim::InFlight { .. } if policy == InFlightPolicy::Wait && !waited => Step::Wait,
+        Claim::InFlight { remaining } => Step::Refuse(
+            Refused::new(
+                Outcome::InFlight,
+                StatusCode::CONFLICT,
+                "in_flight",
+                "a copy of this delivery is being processed; retry later",
+            )
+            .retry_after(retry_after_secs(remaining)),
+        ),
+    }
+}
+
+/// The refusal for a failed signature or key check.
+pub fn refusal(r: &Refusal) -> Refused {
+    match r {
+        Refusal::Signature(Rejection::Malformed(m)) => Refused::new(
+            Outcome::BadRequest,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            *m,
+        ),
+        Refusal::Signature(Rejection::Invalid(m)) => Refused::new(
+            Outcome::InvalidSignature,
+            StatusCode::UNAUTHORIZED,
+            "invalid_signature",
+            *m,
+        ),
+        Refusal::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => Refused::new(
+            Outcome::BadRequest,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            k.to_string(),
+        ),
+    }
+}
+
+fn upstream_refusal(e: &UpstreamError) -> Refused {
+    match e {
+        UpstreamError::Unreachable(_) => Refused::new(
+            Outcome::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            "upstream_unreachable",
+            "the application could not be reached",
+        ),
+        UpstreamError::TooLarge => Refused::new(
+            Outcome::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            "upstream_response_too_large",
+            "the application's answer exceeded max_response",
+        ),
+        UpstreamError::Timeout => Refused::new(
+            Outcome::UpstreamError,
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "the application did not answer within upstream_timeout",
+        ),
+    }
+}
+
+/// A short JSON error answer.
+pub fn error_answer(r: &Refused) -> Answer {
+    let body = serde_json::json!({ "error": r.code, "message": r.message }).to_string();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = r.status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(secs) = r.retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if r.status == StatusCode::PAYLOAD_TOO_LARGE {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// The upstream's answer, passed back to the provider.
+fn upstream_answer(r: UpstreamResponse) -> Answer {
+    let mut resp = Response::new(Full::new(r.body));
+    *resp.status_mut() = r.status;
+    *resp.headers_mut() = r.headers;
+    resp
+}
+
+/// A stored answer, replayed and marked so.
+pub fn replay_answer(stored: StoredResponse) -> Answer {
+    let mut resp = Response::new(Full::new(stored.body));
+    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    upstream::decode_headers(&stored.headers, resp.headers_mut());
+    resp.headers_mut().remove(header::CONTENT_LENGTH);
+    resp.headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+/// Counts a delivery in `idemgate_in_flight` for as long as it lives.
+struct InFlightGuard<'a>(&'a prometheus::IntGauge);
+
+impl<'a> InFlightGuard<'a> {
+    fn new(g: &'a prometheus::IntGauge) -> Self {
+        g.inc();
+        InFlightGuard(g)
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Why reading a body stopped.
+enum BodyError {
+    TooLarge,
+    Broken,
+}
+
+impl<S: Store> Gate<S> {
+    pub fn new(
+        config: &Config,
+        store: S,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, crate::config::ConfigError> {
+        let mut routes = HashMap::with_capacity(config.routes.len());
+        for (i, rc) in config.routes.iter().enumerate() {
+            let route = providers::build_route(rc, config).map_err(|e| {
+                crate::config::ConfigError::new(format!("route[{i}].{}", e.field), e.message)
+            })?;
+            let metrics = metrics.route(&rc.name);
+            routes.insert(rc.path.clone(), RouteEntry { route, metrics });
+        }
+        Ok(Gate {
+            routes,
+            no_route: metrics.route("-"),
+            store,
+            upstream: Upstream::new(
+                &config.upstream,
+                config.upstream_timeout,
+                config.max_response,
+            ),
+            metrics,
+            max_body: config.max_body,
+            on_error: config.store.on_error,
+            in_flight: config.dedup.in_flight,
+            wait_timeout: config.dedup.wait_timeout,
+            lease: config.dedup.lease,
+        })
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Handles one delivery from receipt to answer, and records it (metric + log line).
+    pub async fn handle<B>(&self, req: Request<B>) -> Answer
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let Some(entry) = self.routes.get(req.uri().path()) else {
+            let r = Refused::new(
+                Outcome::NoRoute,
+                StatusCode::NOT_FOUND,
+                "no_route",
+                "no route for this path",
+            );
+            self.no_route
+                .record(Outcome::NoRoute, started.elapsed().as_secs_f64());
+            tracing::info!(
+                route = "-",
+                key = "-",
+                outcome = "no_route",
+                status = 404u16,
+                duration_ms = 0.0,
+                "delivery"
+            );
+            return error_answer(&r);
+        };
+        let _guard = InFlightGuard::new(&self.metrics.in_flight);
+        let mut key_for_log: Option<String> = None;
+        let (outcome, answer) = self
+            .deliver(&entry.route, &entry.metrics, req, &mut key_for_log)
+            .await;
+        let elapsed = started.elapsed();
+        entry.metrics.record(outcome, elapsed.as_secs_f64());
+        tracing::info!(
+            route = &*entry.route.name,
+            key = key_for_log.as_deref().unwrap_or("-"),
+            outcome = outcome.as_str(),
+            status = answer.status().as_u16(),
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            "delivery"
+        );
+        answer
+    }
+
+    async fn deliver<B>(
+        &self,
+        route: &Route,
+        rm: &RouteMetrics,
+        req: Request<B>,
+        key_for_log: &mut Option<String>,
+    ) -> (Outcome, Answer)
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (parts, body) = req.into_parts();
+        let body = match self.read_body(&parts.headers, body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                let r = Refused::new(
+                    Outcome::TooLarge,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("the body exceeds max_body ({} bytes)", self.max_body),
+                );
+                return (r.outcome, error_answer(&r));
+            }
+            Err(BodyError::Broken) => {
+                let r = Refused::new(
+                    Outcome::BadRequest,
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "the request body could not be read",
+                );
+                return (r.outcome, error_answer(&r));
+            }
+        };
+
+        // verify + identify: pure, before anything touches the store.
+        let (key, fp) = match route.identify(&parts.headers, &body, unix_now()) {
+            Ok(v) => v,
+            Err(refused) => {
+                let r = refusal(&refused);
+                return (r.outcome, error_answer(&r));
+            }
+        };
+        let dkey = DeliveryKey::new(route.name.clone(), key);
+        *key_for_log = Some(dkey.key.clone());
+
+        // claim (and, with in_flight = "wait", wait for the holder)
+        let mut waited = false;
+        let mut claim = self
+            .timed(StoreOp::Claim, self.store.claim(&dkey, &fp))
+            .await;
+        loop {
+            let c = match claim {
+                Ok(c) => c,
+                Err(e) => return self.store_down(route, rm, &parts, body, &dkey, e).await,
+            };
+            match decide(c, self.in_flight, waited) {
+                Step::Forward(token) => {
+                    return self
+                        .forward_and_settle(route, rm, &parts, body, &dkey, &fp, token)
+                        .await;
+                }
+                Step::Replay(stored) => return (Outcome::Replayed, replay_answer(stored)),
+                Step::Refuse(r) => return (r.outcome, error_answer(&r)),
+                Step::Wait => {
+                    waited = true;
+                    let deadline = tokio::time::Instant::now() + self.wait_timeout;
+                    claim = self
+                        .timed(StoreOp::Claim, self.store.wait_for(&dkey, &fp, deadline))
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Reads the body under `max_body`, refusing an announced oversize at once.
+    async fn read_body<B>(&self, headers: &http::HeaderMap, body: B) -> Result<Bytes, BodyError>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        if let Some(len) = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            && len > self.max_body as u64
+        {
+            return Err(BodyError::TooLarge);
+        }
+        match Limited::new(body, self.max_body).collect().await {
+            Ok(c) => Ok(c.to_bytes()),
+            Err(e)
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                Err(BodyError::TooLarge)
+            }
+            Err(_) => Err(BodyError::Broken),
+        }
+    }
+
+    /// Times a store operation into `idemgate_store_duration_seconds`.
+    async fn timed<T>(
+        &self,
+        op: StoreOp,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let t = Instant::now();
+        let r = f.await;
+        self.metrics
+            .store_op(op, t.elapsed().as_secs_f64(), r.is_err());
+        r
+    }
+
+    fn outgoing<'a>(
+        &self,
+        route: &Route,
+        parts: &'a http::request::Parts,
+        body: Bytes,
+        path_and_query: &'a str,
+        key: Option<&DeliveryKey>,
+    ) -> Outgoing<'a> {
+        Outgoing {
+            method: &parts.method,
+            path_and_query,
+            headers: &parts.headers,
+            body,
+            authority: parts.uri.authority().map(|a| a.as_str()),
+            idempotency_key: key.and_then(|k| route.idempotency_header(&k.key)),
+        }
+    }
+
+    /// The store could not be asked: refuse (503) or forward undeduplicated.
+    async fn store_down(
+        &self,
+        route: &Route,
+        rm: &RouteMetrics,
+        parts: &http::request::Parts,
+        body: Bytes,
+        key: &DeliveryKey,
+        err: StoreError,
+    ) -> (Outcome, Answer) {
+        tracing::warn!(route = &*route.name, error = %err, "store unavailable");
+        match self.on_error {
+            OnStoreError::Reject => {
+                let r = Refused::new(
+                    Outcome::StoreUnavailable,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the idempotency store is unavailable; retry later",
+                )
+                .retry_after(1);
+                (r.outcome, error_answer(&r))
+            }
+            OnStoreError::Pass => {
+                let pq = upstream_path(route, parts);
+                let t = Instant::now();
+                let result = self
+                    .upstream
+                    .forward(self.outgoing(route, parts, body, &pq, Some(key)))
+                    .await;
+                rm.upstream.observe(t.elapsed().as_secs_f64());
+                match result {
+                    Ok(resp) => (Outcome::Bypassed, upstream_answer(resp)),
+                    Err(e) => {
+                        let r = upstream_refusal(&e);
+                        (r.outcome, error_answer(&r))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forwards a claimed delivery while renewing its lease, then completes (2xx) or
+    /// releases (anything else) the claim.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward_and_settle(
+        &self,
+        route: &Route,
+        rm: &RouteMetrics,
+        parts: &http::request::Parts,
+        body: Bytes,
+        key: &DeliveryKey,
+        _fp: &Fingerprint,
+        token: Token,
+    ) -> (Outcome, Answer) {
+        let pq = upstream_path(route, parts);
+        let t = Instant::now();
+        let call = self
+            .upstream
+            .forward(self.outgoing(route, parts, body, &pq, Some(key)));
+        let mut lost = false;
+        let result = {
+            tokio::pin!(call);
+            let period = (self.lease / 3).max(Duration::from_millis(10));
+            let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    _ = renew.tick(), if !lost => {
+                        match self.timed(StoreOp::Renew, self.store.renew(key, token)).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                lost = true;
+                                tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran");
+                            }
+                            Err(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
+                        }
+                    }
+                }
+            }
+        };
+        rm.upstream.observe(t.elapsed().as_secs_f64());
+
+        match result {
+            Ok(resp) if resp.status.is_success() => {
+                let stored = StoredResponse {
+                    status: resp.status.as_u16(),
+                    headers: upstream::encode_headers(&resp.headers),
+                    body: resp.body.clone(),
+                };
+                match self
+                    .timed(StoreOp::Complete, self.store.complete(key, token, &stored))
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        rm.lease_lost.inc();
+                        tracing::warn!(route = &*route.name, key = %key.key, "lease lost before completion was recorded; the key frees at lease expiry");
+                    }
+                    Err(e) => {
+                        rm.lease_lost.inc();
+                        tracing::warn!(route = &*route.name, key = %key.key, error = %e, "recording completion failed; the key frees at lease expiry");
+                    }
+                }
+                (Outcome::Forwarded, upstream_answer(resp))
+            }
+            other => {
+                if let Err(e) = self
+                    .timed(StoreOp::Release, self.store.release(key, token))
+                    .await
+                {
+                    tracing::warn!(route = &*route.name, key = %key.key, error = %e, "release failed; the key frees at lease expiry");
+                }
+                match other {
+                    Ok(resp) => (Outcome::UpstreamError, upstream_answer(resp)),
+                    Err(e) => {
+                        tracing::warn!(route = &*route.name, key = %key.key, error = %e, "upstream call failed");
+                        let r = upstream_refusal(&e);
+                        (r.outcome, error_answer(&r))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The path and query to request upstream: the original, or the route's
+/// `upstream_path` with the original query.
+fn upstream_path(route: &Route, parts: &http::request::Parts) -> String {
+    let path = route.upstream_path.as_deref().unwrap_or(parts.uri.path());
+    match parts.uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: Bytes::from_static(b"x-a: 1\r\ncontent-length: 2\r\n"),
+            body: Bytes::from_static(b"ok"),
+        }
+    }
+
+    #[test]
+    fn each_claim_outcome_gets_its_answer() {
+        let t = Token([1; 16]);
+        assert_eq!(
+            decide(Claim::Claimed(t), InFlightPolicy::Reject, false),
+            Step::Forward(t)
+        );
+        assert_eq!(
+            decide(Claim::Completed(stored()), InFlightPolicy::Reject, false),
+            Step::Replay(stored())
+        );
+        let Step::Refuse(r) = decide(Claim::Mismatch, InFlightPolicy::Wait, false) else {
+            panic!()
+        };
+        assert_eq!(
+            (r.status, r.outcome),
+            (StatusCode::UNPROCESSABLE_ENTITY, Outcome::PayloadMismatch)
+        );
+        let inflight = Claim::InFlight {
+            remaining: Duration::from_millis(2100),
+        };
+        let Step::Refuse(r) = decide(inflight.clone(), InFlightPolicy::Reject, false) else {
+            panic!()
+        };
+        assert_eq!((r.status, r.retry_after), (StatusCode::CONFLICT, Some(3)));
+        assert_eq!(
+            decide(inflight.clone(), InFlightPolicy::Wait, false),
+            Step::Wait
+        );
+        let Step::Refuse(r) = decide(inflight, InFlightPolicy::Wait, true) else {
+            panic!()
+        };
+        assert_eq!(r.outcome, Outcome::InFlight);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn refusals_map_to_one_status_each() {
+        let r = refusal(&Refusal::Signature(Rejection::Malformed("m")));
+        assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, "bad_request"));
+        let r = refusal(&Refusal::Signature(Rejection::Invalid("i")));
+        assert_eq!(
+            (r.status, r.code),
+            (StatusCode::UNAUTHORIZED, "invalid_signature")
+        );
+        let r = refusal(&Refusal::Key(KeyError::Missing("header x".into())));
+        assert_eq!(
+            (r.status, r.outcome),
+            (StatusCode::BAD_REQUEST, Outcome::BadRequest)
+        );
+        let r = upstream_refusal(&UpstreamError::Timeout);
+        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+        let r = upstream_refusal(&UpstreamError::Unreachable("x".into()));
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    }
+
+    #[test]
+    fn replayed_answers_are_marked_and_keep_status_headers_body() {
+        let a = replay_answer(stored());
+        assert_eq!(a.status(), StatusCode::CREATED);
+        assert_eq!(a.headers()["idempotent-replayed"], "true");
+        assert_eq!(a.headers()["x-a"], "1");
+        assert!(a.headers().get("content-length").is_none());
+    }
+
+    #[test]
+    fn error_answers_are_short_json() {
+        let r = Refused::new(
+            Outcome::TooLarge,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "big",
+        );
+        let a = error_answer(&r);
+        assert_eq!(a.headers()["connection"], "close");
+        assert_eq!(a.headers()["content-type"], "application/json");
+        let r =
+            Refused::new(Outcome::InFlight, StatusCode::CONFLICT, "in_flight", "x").retry_after(0);
+        assert_eq!(error_answer(&r).headers()["retry-after"], "1");
+    }
+}

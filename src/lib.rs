@@ -1,0 +1,14 @@
+//! idemgate: a webhook de-duplication sidecar. See README.md and SPEC.md.
+//!
+//! A delivery flows route → verify → identify → claim → forward → settle; each step
+//! lives in its own module (see `gate` for the pipeline itself).
+
+pub mod admin;
+pub mod config;
+pub mod demo;
+pub mod gate;
+pub mod metrics;
+pub mod providers;
+pub mod server;
+pub mod store;
+pub mod upstream;

@@ -1,0 +1,119 @@
+//! The `idemgate` command line: `run` (the default), `check-config`, `demo`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use idemgate::config::Config;
+
+#[derive(Parser)]
+#[command(name = "idemgate", version, about = "Webhook de-duplication sidecar")]
+struct Cli {
+    /// The configuration file (TOML). Without one, idemgate runs on its defaults.
+    #[arg(long, global = true, env = "IDEMGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sidecar (the default).
+    Run,
+    /// Validate the configuration and print it with secrets redacted.
+    CheckConfig,
+    /// A self-contained tour on the in-memory store.
+    Demo,
+}
+
+fn init_logging(default: &str) -> Result<(), String> {
+    let filter = std::env::var("IDEMGATE_LOG").unwrap_or_else(|_| default.to_string());
+    let filter = EnvFilter::try_new(&filter).map_err(|e| format!("IDEMGATE_LOG: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match std::env::var("IDEMGATE_LOG_FORMAT").as_deref() {
+        Ok("json") => builder.json().flatten_event(true).init(),
+        Ok("text") | Err(_) => builder.init(),
+        Ok(other) => {
+            return Err(format!(
+                "IDEMGATE_LOG_FORMAT: `{other}` is not json or text"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::CheckConfig => match Config::load(cli.config.as_deref()) {
+            Ok(config) => {
+                print!("{}", config.redacted_toml());
+                if let Some(w) = config.memory_store_warning() {
+                    eprintln!("note: {w}");
+                }
+                eprintln!("configuration is valid");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("invalid configuration: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Demo => {
+            if let Err(e) = init_logging("warn") {
+                eprintln!("{e}");
+                return ExitCode::from(1);
+            }
+            match runtime().block_on(idemgate::demo::run()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("demo failed: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Run => {
+            if let Err(e) = init_logging("info") {
+                eprintln!("{e}");
+                return ExitCode::from(1);
+            }
+            let config = match Config::load(cli.config.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!("invalid configuration: {e}");
+                    eprintln!("invalid configuration: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            if let Some(w) = config.memory_store_warning() {
+                tracing::warn!("{w}");
+            }
+            if config.routes.is_empty() {
+                tracing::warn!("no routes configured: every delivery will be answered 404");
+            }
+            let result = runtime().block_on(idemgate::server::run(
+                config,
+                idemgate::server::shutdown_signal(),
+            ));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("idemgate: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Every metric idemgate exports, registered in one place. Per-route handles are
+//! resolved once at start, so recording an outcome on the hot path is an atomic add,
+//! with no label lookup or allocation.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// What became of a delivery; the `outcome` label of `idemgate_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Forwarded,
+    Replayed,
+    InFlight,
+    PayloadMismatch,
+    InvalidSignature,
+    BadRequest,
+    TooLarge,
+    UpstreamError,
+    StoreUnavailable,
+    Bypassed,
+    NoRoute,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Forwarded,
+        Outcome::Replayed,
+        Outcome::InFlight,
+        Outcome::PayloadMismatch,
+        Outcome::InvalidSignature,
+        Outcome::BadRequest,
+        Outcome::TooLarge,
+        Outcome::UpstreamError,
+        Outcome::StoreUnavailable,
+        Outcome::Bypassed,
+        Outcome::NoRoute,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Replayed => "replayed",
+            Outcome::InFlight => "in_flight",
+            Outcome::PayloadMismatch => "payload_mismatch",
+            Outcome::InvalidSignature => "invalid_signature",
+            Outcome::BadRequest => "bad_request",
+            Outcome::TooLarge => "too_large",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::Bypassed => "bypassed",
+            Outcome::NoRoute => "no_route",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Store operations timed in `idemgate_store_duration_seconds{op}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    Claim,
+    Complete,
+    Release,
+    Renew,
+}
+
+impl StoreOp {
+    const ALL: [StoreOp; 4] = [
+        StoreOp::Claim,
+        StoreOp::Complete,
+        StoreOp::Release,
+        StoreOp::Renew,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::Complete => "complete",
+            StoreOp::Release => "release",
+            StoreOp::Renew => "renew",
+        }
+    }
+}
+
+/// The registry and the metric families.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    upstream_duration: HistogramVec,
+    lease_lost: IntCounterVec,
+    store_duration: [Histogram; 4],
+    store_errors: [IntCounter; 4],
+    pub in_flight: IntGauge,
+}
+
+/// One route's handles, resolved at start.
+pub struct RouteMetrics {
+    requests: Vec<IntCounter>,
+    durations: Vec<Histogram>,
+    pub upstream: Histogram,
+    pub lease_lost: IntCounter,
+}
+
+impl RouteMetrics {
+    pub fn record(&self, outcome: Outcome, seconds: f64) {
+        self.requests[outcome.index()].inc();
+        self.durations[outcome.index()].observe(seconds);
+    }
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const STORE_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "idemgate_requests_total",
+                "Deliveries by route and outcome.",
+            ),
+            &["route", "outcome"],
+        )
+        .expect("valid metric");
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "idemgate_request_duration_seconds",
+                "Time from receipt to answer, by route and outcome.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route", "outcome"],
+        )
+        .expect("valid metric");
+        let upstream_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "idemgate_upstream_duration_seconds",
+                "Time the upstream took to answer a forwarded delivery.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route"],
+        )
+        .expect("valid metric");
+        let store_duration_vec = HistogramVec::new(
+            HistogramOpts::new(
+                "idemgate_store_duration_seconds",
+                "Store round trips by operation.",
+            )
+            .buckets(STORE_BUCKETS.to_vec()),
+            &["op"],
+        )
+        .expect("valid metric");
+        let store_errors_vec = IntCounterVec::new(
+            Opts::new(
+                "idemgate_store_errors_total",
+                "Store operations that failed or timed out.",
+            ),
+            &["op"],
+        )
+        .expect("valid metric");
+        let in_flight = IntGauge::new("idemgate_in_flight", "Deliveries being processed now.")
+            .expect("valid metric");
+        let lease_lost = IntCounterVec::new(
+            Opts::new(
+                "idemgate_lease_lost_total",
+                "Deliveries whose claim was lost, or whose completion could not be recorded, after the upstream answered.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
+        let build_info = IntCounterVec::new(
+            Opts::new(
+                "idemgate_build_info",
+                "Build information; the value is always 1.",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .inc();
+
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(request_duration.clone()),
+            Box::new(upstream_duration.clone()),
+            Box::new(store_duration_vec.clone()),
+            Box::new(store_errors_vec.clone()),
+            Box::new(in_flight.clone()),
+            Box::new(lease_lost.clone()),
+            Box::new(build_info),
+        ] {
+            registry.register(c).expect("metric registered once");
+        }
+        let store_duration =
+            StoreOp::ALL.map(|op| store_duration_vec.with_label_values(&[op.as_str()]));
+        let store_errors =
+            StoreOp::ALL.map(|op| store_errors_vec.with_label_values(&[op.as_str()]));
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            upstream_duration,
+            lease_lost,
+            store_duration,
+            store_errors,
+            in_flight,
+        }
+    }
+
+    /// Resolves a route's handles (route `-` for requests that match no route).
+    pub fn route(&self, name: &str) -> RouteMetrics {
+        RouteMetrics {
+            requests: Outcome::ALL
+                .iter()
+                .map(|o| self.requests.with_label_values(&[name, o.as_str()]))
+                .collect(),
+            durations: Outcome::ALL
+                .iter()
+                .map(|o| self.request_duration.with_label_values(&[name, o.as_str()]))
+                .collect(),
+            upstream: self.upstream_duration.with_label_values(&[name]),
+            lease_lost: self.lease_lost.with_label_values(&[name]),
+        }
+    }
+
+    pub fn store_op(&self, op: StoreOp, seconds: f64, failed: bool) {
+        self.store_duration[op as usize].observe(seconds);
+        if failed {
+            self.store_errors[op as usize].inc();
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,235 @@
+//! Key sources: where a delivery's stable idempotency key is read from
+//! (`header:NAME`, `json:/pointer`, `form:FIELD`), and the checks a key passes before
+//! it may become part of a Redis key name.
+
+use http::{HeaderMap, HeaderName};
+
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// Where a route reads its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Header(HeaderName),
+    /// A JSON Pointer (RFC 6901) into the body.
+    Json(String),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(String),
+}
+
+/// Why no usable key came out of a delivery (all answered 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the delivery holds no idempotency key ({0})")]
+    Missing(String),
+    #[error("the idempotency key is unusable: {0}")]
+    Invalid(&'static str),
+}
+
+impl KeySource {
+    pub fn parse(text: &str) -> Result<KeySource, String> {
+        let (kind, arg) = text
+            .split_once(':')
+            .ok_or_else(|| format!("`{text}` is not header:NAME, json:/pointer or form:FIELD"))?;
+        match kind {
+            "header" => HeaderName::from_bytes(arg.trim().as_bytes())
+                .map(KeySource::Header)
+                .map_err(|_| format!("`{arg}` is not a header name")),
+            "json" if arg.is_empty() || arg.starts_with('/') => {
+                Ok(KeySource::Json(arg.to_string()))
+            }
+            "json" => Err(format!("`{arg}` is not a JSON pointer (it starts with /)")),
+            "form" if !arg.is_empty() => Ok(KeySource::Form(arg.to_string())),
+            _ => Err(format!(
+                "`{text}` is not header:NAME, json:/pointer or form:FIELD"
+            )),
+        }
+    }
+
+    /// Describes the source for messages (`header webhook-id`, `json /id`).
+    pub fn describe(&self) -> String {
+        match self {
+            KeySource::Header(h) => format!("header {h}"),
+            KeySource::Json(p) => format!("JSON {p}"),
+            KeySource::Form(f) => format!("form field {f}"),
+        }
+    }
+
+    pub fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, KeyError> {
+        let missing = || KeyError::Missing(self.describe());
+        let key = match self {
+            KeySource::Header(name) => {
+                let mut values = headers.get_all(name).iter();
+                let first = values.next().ok_or_else(missing)?;
+                if values.any(|v| v != first) {
+                    return Err(KeyError::Invalid(
+                        "the key header was sent twice with different values",
+                    ));
+                }
+                first
+                    .to_str()
+                    .map_err(|_| KeyError::Invalid("the key is not printable ASCII"))?
+                    .to_string()
+            }
+            KeySource::Json(pointer) => {
+                let doc: serde_json::Value = serde_json::from_slice(body)
+                    .map_err(|_| KeyError::Invalid("the body is not valid JSON"))?;
+                match doc.pointer(pointer) {
+                    None | Some(serde_json::Value::Null) => return Err(missing()),
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+                        v.to_string()
+                    }
+                    Some(_) => return Err(KeyError::Invalid("the key is a JSON object or array")),
+                }
+            }
+            KeySource::Form(field) => {
+                let mut found: Option<String> = None;
+                for (k, v) in form_urlencoded::parse(body) {
+                    if k == field.as_str() {
+                        if found.as_deref().is_some_and(|f| f != v) {
+                            return Err(KeyError::Invalid(
+                                "the key field appears twice with different values",
+                            ));
+                        }
+                        found = Some(v.into_owned());
+                    }
+                }
+                found.ok_or_else(missing)?
+            }
+        };
+        validate_key(&key)?;
+        Ok(key)
+    }
+}
+
+/// A key becomes part of a Redis key name and of log lines: bound it and keep
+/// control characters out.
+pub fn validate_key(key: &str) -> Result<(), KeyError> {
+    if key.is_empty() {
+        return Err(KeyError::Invalid("the key is empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::Invalid("the key is longer than 256 bytes"));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(KeyError::Invalid("the key holds control characters"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn parses_sources() {
+        assert_eq!(
+            KeySource::parse("header:X-Event-Id").unwrap(),
+            KeySource::Header(HeaderName::from_static("x-event-id"))
+        );
+        assert_eq!(
+            KeySource::parse("json:/data/id").unwrap(),
+            KeySource::Json("/data/id".into())
+        );
+        assert_eq!(
+            KeySource::parse("form:notify_id").unwrap(),
+            KeySource::Form("notify_id".into())
+        );
+        for bad in ["nope", "json:id", "header:bad header", "form:", "xml:/a"] {
+            assert!(KeySource::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn header_keys() {
+        let s = KeySource::parse("header:x-id").unwrap();
+        assert_eq!(s.extract(&h(&[("x-id", "evt_1")]), b"").unwrap(), "evt_1");
+        assert_eq!(
+            s.extract(&h(&[("x-id", "a"), ("x-id", "a")]), b"").unwrap(),
+            "a"
+        );
+        assert!(matches!(
+            s.extract(&h(&[("x-id", "a"), ("x-id", "b")]), b""),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(s.extract(&h(&[]), b""), Err(KeyError::Missing(_))));
+        assert!(matches!(
+            s.extract(&h(&[("x-id", "")]), b""),
+            Err(KeyError::Invalid(_))
+        ));
+        let long = "k".repeat(257);
+        assert!(matches!(
+            s.extract(&h(&[("x-id", &long)]), b""),
+            Err(KeyError::Invalid(_))
+        ));
+        assert_eq!(
+            s.extract(&h(&[("x-id", &long[..256])]), b"").unwrap().len(),
+            256
+        );
+        let mut m = HeaderMap::new();
+        m.insert("x-id", HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
+        assert!(matches!(s.extract(&m, b""), Err(KeyError::Invalid(_))));
+    }
+
+    #[test]
+    fn json_keys() {
+        let s = KeySource::parse("json:/id").unwrap();
+        let e = HeaderMap::new();
+        assert_eq!(s.extract(&e, br#"{"id":"evt_1"}"#).unwrap(), "evt_1");
+        assert_eq!(s.extract(&e, br#"{"id":42}"#).unwrap(), "42");
+        assert!(matches!(
+            s.extract(&e, br#"{"id":null}"#),
+            Err(KeyError::Missing(_))
+        ));
+        assert!(matches!(
+            s.extract(&e, br#"{"other":1}"#),
+            Err(KeyError::Missing(_))
+        ));
+        assert!(matches!(
+            s.extract(&e, br#"{"id":{"a":1}}"#),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.extract(&e, br#"{"id":[1]}"#),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.extract(&e, br#"{"id":"a\u0000b"}"#),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.extract(&e, b"not json"),
+            Err(KeyError::Invalid(_))
+        ));
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(matches!(
+            s.extract(&e, deep.as_bytes()),
+            Err(KeyError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn form_keys() {
+        let s = KeySource::parse("form:notify_id").unwrap();
+        let e = HeaderMap::new();
+        assert_eq!(s.extract(&e, b"a=1&notify_id=n%201&b=2").unwrap(), "n 1");
+        assert!(matches!(s.extract(&e, b"a=1"), Err(KeyError::Missing(_))));
+        assert!(matches!(
+            s.extract(&e, b"notify_id=1&notify_id=2"),
+            Err(KeyError::Invalid(_))
+        ));
+    }
+}

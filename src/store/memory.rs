@@ -1,0 +1,207 @@
+//! The in-memory store: the same semantics as Redis, inside one process. For a single
+//! replica and for local use (`idemgate demo`); nothing survives a restart.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::{
+    Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
+    unix_millis,
+};
+use crate::providers::Fingerprint;
+
+struct Entry {
+    status: Status,
+    fp: Fingerprint,
+    /// The current claim: its owner and when its lease lapses.
+    owner: Option<(Token, Instant)>,
+    response: Option<StoredResponse>,
+    attempts: u64,
+    duplicates: u64,
+    first_seen: u64,
+    last_seen: u64,
+    /// When the whole entry is forgotten (retention).
+    expires_at: Instant,
+}
+
+impl Entry {
+    fn live_owner(&self, now: Instant) -> Option<(Token, Instant)> {
+        self.owner.filter(|(_, until)| *until > now)
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: Mutex<HashMap<DeliveryKey, Entry>>,
+}
+
+/// See the module documentation.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+    lifetimes: Lifetimes,
+}
+
+impl MemoryStore {
+    /// Creates the store; inside a tokio runtime it also starts a sweeper that drops
+    /// expired entries once a second, so memory follows retention.
+    pub fn new(lifetimes: Lifetimes) -> Self {
+        let inner = Arc::new(Inner::default());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let weak: Weak<Inner> = Arc::downgrade(&inner);
+            handle.spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    let now = Instant::now();
+                    if let Ok(mut map) = inner.entries.lock() {
+                        map.retain(|_, e| e.expires_at > now || e.live_owner(now).is_some());
+                    }
+                }
+            });
+        }
+        MemoryStore { inner, lifetimes }
+    }
+
+    /// Number of keys held (for tests and diagnostics).
+    pub fn len(&self) -> usize {
+        self.inner.entries.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn with_entries<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<DeliveryKey, Entry>, Instant) -> T,
+    ) -> Result<T, StoreError> {
+        let mut map = self
+            .inner
+            .entries
+            .lock()
+            .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))?;
+        Ok(f(&mut map, Instant::now()))
+    }
+
+    /// Applies `f` to the key's entry if the caller's token owns a live lease.
+    fn owned(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        f: impl FnOnce(&mut Entry, Instant),
+    ) -> Result<bool, StoreError> {
+        self.with_entries(|map, now| match map.get_mut(key) {
+            Some(e) if e.live_owner(now).map(|(t, _)| t) == Some(token) => {
+                f(e, now);
+                true
+            }
+            _ => false,
+        })
+    }
+}
+
+impl Store for MemoryStore {
+    async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
+        let Lifetimes { lease, retention } = self.lifetimes;
+        self.with_entries(|map, now| {
+            let ms = unix_millis();
+            if map
+                .get(key)
+                .is_some_and(|e| e.expires_at <= now && e.live_owner(now).is_none())
+            {
+                map.remove(key);
+            }
+            let token = Token::random();
+            let entry = map.entry(key.clone()).or_insert_with(|| Entry {
+                status: Status::Released,
+                fp: *fp,
+                owner: None,
+                response: None,
+                attempts: 0,
+                duplicates: 0,
+                first_seen: ms,
+                last_seen: ms,
+                expires_at: now + retention,
+            });
+            if entry.status == Status::Completed {
+                if entry.fp != *fp {
+                    return Claim::Mismatch;
+                }
+                entry.duplicates += 1;
+                entry.last_seen = ms;
+                return match &entry.response {
+                    Some(r) => Claim::Completed(r.clone()),
+                    None => Claim::Mismatch,
+                };
+            }
+            match entry.live_owner(now) {
+                None => {
+                    entry.status = Status::Processing;
+                    entry.fp = *fp;
+                    entry.owner = Some((token, now + lease));
+                    entry.attempts += 1;
+                    entry.last_seen = ms;
+                    entry.expires_at = now + retention;
+                    Claim::Claimed(token)
+                }
+                Some(_) if entry.fp != *fp => Claim::Mismatch,
+                Some((_, until)) => Claim::InFlight {
+                    remaining: until - now,
+                },
+            }
+        })
+    }
+
+    async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
+        let lease = self.lifetimes.lease;
+        self.owned(key, token, |e, now| e.owner = Some((token, now + lease)))
+    }
+
+    async fn complete(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let retention = self.lifetimes.retention;
+        self.owned(key, token, |e, now| {
+            e.status = Status::Completed;
+            e.owner = None;
+            e.response = Some(response.clone());
+            e.last_seen = unix_millis();
+            e.expires_at = now + retention;
+        })
+    }
+
+    async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
+        self.owned(key, token, |e, _| {
+            e.status = Status::Released;
+            e.owner = None;
+            e.last_seen = unix_millis();
+        })
+    }
+
+    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
+        self.with_entries(|map, now| {
+            map.get(key)
+                .filter(|e| e.expires_at > now || e.live_owner(now).is_some())
+                .map(|e| Record {
+                    status: e.status,
+                    fingerprint: hex::encode(e.fp),
+                    attempts: e.attempts,
+                    duplicates: e.duplicates,
+                    first_seen: e.first_seen,
+                    last_seen: e.last_seen,
+                    response_status: e.response.as_ref().map(|r| r.status),
+                    claimed: e.live_owner(now).is_some(),
+                })
+        })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.with_entries(|_, _| ())
+    }
+}

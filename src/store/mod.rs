@@ -1,0 +1,204 @@
+//! The store: the atomic claim of a delivery's key, and what is remembered about it.
+//!
+//! One `Store` trait, two implementations with the same semantics: `RedisStore`
+//! (shared by every replica) and `MemoryStore` (one process). The conformance suite in
+//! `tests/store_conformance.rs` runs against both.
+//!
+//! States of a key: absent → `processing` (claimed, lease running) → `completed`
+//! (answer stored for `retention`) or `released` (the claimer gave up; the next copy
+//! claims again). A claim is owned by a random per-attempt token; renew, complete and
+//! release succeed only for the current owner (fencing).
+
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::providers::Fingerprint;
+pub use memory::MemoryStore;
+pub use redis::RedisStore;
+
+/// Names one delivery in the store: its route and its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeliveryKey {
+    pub route: std::sync::Arc<str>,
+    pub key: String,
+}
+
+impl DeliveryKey {
+    pub fn new(route: impl Into<std::sync::Arc<str>>, key: impl Into<String>) -> Self {
+        DeliveryKey {
+            route: route.into(),
+            key: key.into(),
+        }
+    }
+}
+
+/// The owner token of one claim attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token(pub [u8; 16]);
+
+impl Token {
+    pub fn random() -> Token {
+        Token(rand::random())
+    }
+
+    pub fn to_hex(self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+/// An upstream answer as stored for replay: status, end-to-end headers (encoded as
+/// `name: value\r\n` lines) and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub headers: Bytes,
+    pub body: Bytes,
+}
+
+/// The outcome of a claim attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This caller owns the key until it completes, releases, or its lease lapses.
+    Claimed(Token),
+    /// Another caller holds the key; its lease has `remaining` left.
+    InFlight { remaining: Duration },
+    /// The delivery was completed; here is its answer.
+    Completed(StoredResponse),
+    /// The key is held or completed with a different payload fingerprint.
+    Mismatch,
+}
+
+/// What `inspect` reports about a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub status: Status,
+    pub fingerprint: String,
+    pub attempts: u64,
+    pub duplicates: u64,
+    /// Unix milliseconds.
+    pub first_seen: u64,
+    pub last_seen: u64,
+    pub response_status: Option<u16>,
+    /// Whether a live claim (lease) holds the key now.
+    pub claimed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Processing,
+    Completed,
+    Released,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Processing => "processing",
+            Status::Completed => "completed",
+            Status::Released => "released",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        match s {
+            "processing" => Some(Status::Processing),
+            "completed" => Some(Status::Completed),
+            "released" => Some(Status::Released),
+            _ => None,
+        }
+    }
+}
+
+/// The store could not answer (down, timed out, or answered nonsense).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out")]
+    Timeout,
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Lease and retention, fixed per store at start.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifetimes {
+    /// How long a claim holds without renewal.
+    pub lease: Duration,
+    /// How long a completed (or released) key is remembered.
+    pub retention: Duration,
+}
+
+/// The atomic claim and its settlement. Every method is one store round trip.
+pub trait Store: Send + Sync + 'static {
+    /// Claims `key` for a delivery whose payload has fingerprint `fp`.
+    fn claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Extends the owner's lease by another `lease`; false when `token` no longer owns it.
+    fn renew(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Marks the key completed with `response`; false when `token` no longer owns it.
+    fn complete(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives the claim up so the next copy is forwarded; false when not the owner.
+    fn release(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// What the store remembers about `key`.
+    fn inspect(
+        &self,
+        key: &DeliveryKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Whether the store answers (for `/readyz`).
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Claims, and while another holder has the key, polls until it completes or is
+    /// released, or `deadline` passes (then the last `InFlight` is returned).
+    fn wait_for(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        deadline: tokio::time::Instant,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        async move {
+            let mut pause = Duration::from_millis(5);
+            loop {
+                let claim = self.claim(key, fp).await?;
+                let now = tokio::time::Instant::now();
+                if !matches!(claim, Claim::InFlight { .. }) || now >= deadline {
+                    return Ok(claim);
+                }
+                tokio::time::sleep(pause.min(deadline - now)).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Current Unix time in milliseconds.
+pub fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
