@@ -1,0 +1,111 @@
+//! What a delivery costs in Redis, counted by Redis itself: a first delivery is two
+//! round trips (claim, complete), a duplicate is one (claim). A count, not a timing:
+//! it fails if anyone adds a command to the hot path.
+//!
+//! Commands are read from `MONITOR`, which lists every command a client sent and,
+//! marked `[... lua]`, the commands scripts ran inside Redis; only the former are
+//! round trips. `INFO commandstats` counts both, so it is used for the script calls.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+
+/// A `MONITOR` connection read in the background (raw RESP: one `+line` per command).
+struct Monitor {
+    conn: TcpStream,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    fn start(redis: &RedisServer) -> Monitor {
+        let mut conn = TcpStream::connect(("127.0.0.1", redis.port())).expect("connect to redis");
+        conn.write_all(b"MONITOR\r\n").unwrap();
+        let reader = conn.try_clone().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines().map_while(Result::ok) {
+                let line = line.strip_prefix('+').unwrap_or(&line).to_string();
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Monitor { conn, lines }
+    }
+
+    /// Sends a marker through another connection and waits until MONITOR shows it:
+    /// everything before it has been logged. Returns the client commands (not those
+    /// run inside scripts) since the previous marker.
+    async fn client_commands_until_marker(&self, redis: &RedisServer, marker: &str) -> Vec<String> {
+        redis.cli(&["ECHO", marker]);
+        let lines = self.lines.clone();
+        let marker_q = format!("\"{marker}\"");
+        wait_until(Duration::from_secs(10), "MONITOR shows the marker", || {
+            lines.lock().unwrap().iter().any(|l| l.contains(&marker_q))
+        })
+        .await;
+        let mut all = self.lines.lock().unwrap();
+        let upto = all.iter().position(|l| l.contains(&marker_q)).unwrap();
+        let taken: Vec<String> = all.drain(..=upto).collect();
+        taken
+            .into_iter()
+            .filter(|l| !l.contains(" lua]") && !l.to_uppercase().contains("\"ECHO\"") && l != "OK")
+            .map(|l| {
+                // `1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc..." ...` → EVALSHA
+                l.split("] ").nth(1).and_then(|c| c.split('"').nth(1)).unwrap_or("?").to_uppercase()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.conn.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_first_delivery_costs_two_round_trips_and_a_copy_one() {
+    let redis = RedisServer::start_new();
+    let upstream = Upstream::start().await;
+    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url()).start().await;
+
+    // Warm up: the first call after a Redis start loads the scripts (NOSCRIPT →
+    // SCRIPT LOAD) once per Redis lifetime; that is not the steady state measured.
+    let warm = Delivery::fresh();
+    assert_eq!(sidecar.send(&warm).await.status, 200);
+
+    let evals_before = evalsha_calls(&redis);
+    let monitor = Monitor::start(&redis);
+    monitor.client_commands_until_marker(&redis, "m0").await;
+
+    let d = Delivery::fresh();
+    let a = sidecar.send(&d).await;
+    assert_eq!(a.status, 200);
+    assert!(!a.replayed());
+    let first = monitor.client_commands_until_marker(&redis, "m1").await;
+    assert_eq!(first, vec!["EVALSHA", "EVALSHA"], "a first delivery is claim + complete");
+
+    let copy = sidecar.send(&d).await;
+    assert!(copy.replayed());
+    let dup = monitor.client_commands_until_marker(&redis, "m2").await;
+    assert_eq!(dup, vec!["EVALSHA"], "a copy is one claim");
+
+    // INFO commandstats agrees: three script calls in all.
+    assert_eq!(evalsha_calls(&redis) - evals_before, 3);
+    assert_eq!(upstream.count(), 2);
+}

@@ -1,0 +1,317 @@
+//! One conformance suite, run against both stores: the Redis store on a private
+//! `redis-server`, and the in-memory store. Each case is written once, generic over
+//! `Store`, and instantiated for both by the `conformance!` macro at the bottom.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::RedisServer;
+use idemgate::providers::{Fingerprint, fingerprint_body};
+use idemgate::store::{
+    Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse,
+};
+
+const LONG: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_secs(3600),
+};
+const SHORT_LEASE: Lifetimes = Lifetimes {
+    lease: Duration::from_millis(300),
+    retention: Duration::from_secs(3600),
+};
+
+fn fp(s: &str) -> Fingerprint {
+    fingerprint_body(s.as_bytes())
+}
+
+fn key(k: &str) -> DeliveryKey {
+    DeliveryKey::new("route", k)
+}
+
+fn response(body: &[u8]) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: Bytes::from_static(b"content-type: text/plain\r\nx-app: 1\r\n"),
+        body: Bytes::copy_from_slice(body),
+    }
+}
+
+fn claimed(c: Claim) -> idemgate::store::Token {
+    match c {
+        Claim::Claimed(t) => t,
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+/// Polls `claim` until it is `Claimed`, or panics after `deadline`.
+async fn claim_eventually<S: Store>(s: &S, k: &DeliveryKey, f: &Fingerprint, deadline: Duration) -> idemgate::store::Token {
+    let end = tokio::time::Instant::now() + deadline;
+    loop {
+        match s.claim(k, f).await.unwrap() {
+            Claim::Claimed(t) => return t,
+            other => {
+                assert!(tokio::time::Instant::now() < end, "still not claimable: {other:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn first_claim_wins_and_copies_see_in_flight<S: Store>(s: S) {
+    let k = key("evt_1");
+    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    match s.claim(&k, &fp("a")).await.unwrap() {
+        Claim::InFlight { remaining } => {
+            assert!(remaining > Duration::ZERO && remaining <= LONG.lease, "{remaining:?}")
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
+    let r = s.inspect(&k).await.unwrap().expect("record");
+    assert_eq!(r.status, Status::Processing);
+    assert!(r.claimed);
+    assert_eq!(r.attempts, 1);
+    assert_eq!(r.fingerprint, hex::encode(fp("a")));
+}
+
+async fn completion_is_replayed_and_counted<S: Store>(s: S) {
+    let k = key("evt_2");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let resp = response(b"\xff\x00not utf-8");
+    assert!(s.complete(&k, t, &resp).await.unwrap());
+    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(resp.clone()));
+    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(resp));
+    // A different payload under a completed key is refused, and not counted.
+    assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
+    let r = s.inspect(&k).await.unwrap().expect("record");
+    assert_eq!(r.status, Status::Completed);
+    assert_eq!(r.duplicates, 2);
+    assert_eq!(r.attempts, 1);
+    assert_eq!(r.response_status, Some(201));
+    assert!(!r.claimed);
+    assert!(r.first_seen > 0 && r.last_seen >= r.first_seen);
+}
+
+async fn release_lets_the_next_copy_claim<S: Store>(s: S) {
+    let k = key("evt_3");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(s.release(&k, t).await.unwrap());
+    assert_eq!(s.inspect(&k).await.unwrap().unwrap().status, Status::Released);
+    // After a release a different payload is simply a new first delivery.
+    let t2 = claimed(s.claim(&k, &fp("b")).await.unwrap());
+    assert_ne!(t, t2);
+    let r = s.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(r.attempts, 2);
+    assert_eq!(r.fingerprint, hex::encode(fp("b")));
+    // The released token no longer owns anything.
+    assert!(!s.release(&k, t).await.unwrap());
+    assert!(!s.complete(&k, t, &response(b"x")).await.unwrap());
+    assert!(s.complete(&k, t2, &response(b"y")).await.unwrap());
+}
+
+async fn an_expired_owner_cannot_touch_the_next_owners_claim<S: Store>(s: S) {
+    let k = key("evt_4");
+    let old = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    // The old owner stops renewing (crashed, or paused); its lease lapses.
+    let new = claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
+    assert_ne!(old, new);
+    assert!(!s.renew(&k, old).await.unwrap(), "expired owner renewed");
+    assert!(!s.complete(&k, old, &response(b"old")).await.unwrap(), "expired owner completed");
+    assert!(!s.release(&k, old).await.unwrap(), "expired owner released");
+    // The new owner's claim is intact.
+    assert!(matches!(s.claim(&k, &fp("a")).await.unwrap(), Claim::InFlight { .. }));
+    assert!(s.complete(&k, new, &response(b"new")).await.unwrap());
+    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(response(b"new")));
+}
+
+async fn renewal_keeps_a_live_claim_past_its_lease<S: Store>(s: S) {
+    let k = key("evt_5");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    // Renew every 75 ms for well over three leases; no copy may claim meanwhile.
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(75)).await;
+        assert!(s.renew(&k, t).await.unwrap());
+        assert!(matches!(s.claim(&k, &fp("a")).await.unwrap(), Claim::InFlight { .. }));
+    }
+    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+}
+
+async fn a_crashed_claimers_key_frees_after_the_lease<S: Store>(s: S) {
+    let k = key("evt_6");
+    let started = tokio::time::Instant::now();
+    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
+    assert!(started.elapsed() >= Duration::from_millis(250), "freed before the lease: {:?}", started.elapsed());
+}
+
+async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
+    let k = key("evt_7");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let s2 = s.clone();
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move {
+        s2.wait_for(&k2, &fp("a"), tokio::time::Instant::now() + Duration::from_secs(5)).await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(s.complete(&k, t, &response(b"first")).await.unwrap());
+    assert_eq!(waiter.await.unwrap().unwrap(), Claim::Completed(response(b"first")));
+
+    // A holder that releases: the waiter claims for itself.
+    let k = key("evt_7b");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let s2 = s.clone();
+    let k2 = k.clone();
+    let waiter = tokio::spawn(async move {
+        s2.wait_for(&k2, &fp("a"), tokio::time::Instant::now() + Duration::from_secs(5)).await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(s.release(&k, t).await.unwrap());
+    assert!(matches!(waiter.await.unwrap().unwrap(), Claim::Claimed(_)));
+
+    // A holder that does neither: the waiter gives up at its deadline.
+    let k = key("evt_7c");
+    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let r = s.wait_for(&k, &fp("a"), tokio::time::Instant::now() + Duration::from_millis(200)).await;
+    assert!(matches!(r.unwrap(), Claim::InFlight { .. }));
+}
+
+async fn concurrent_claims_have_exactly_one_winner<S: Store + Clone>(s: S) {
+    let k = key("evt_8");
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let s = s.clone();
+        let k = k.clone();
+        set.spawn(async move { s.claim(&k, &fp("a")).await.unwrap() });
+    }
+    let mut winners = 0;
+    while let Some(c) = set.join_next().await {
+        match c.unwrap() {
+            Claim::Claimed(_) => winners += 1,
+            Claim::InFlight { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(winners, 1);
+}
+
+async fn retention_forgets_completed_keys<S: Store>(s: S) {
+    let k = key("evt_9");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert!(matches!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(_)));
+    // retention is 400 ms in this case's store
+    claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
+}
+
+async fn keys_with_braces_and_unicode_are_separate<S: Store>(s: S) {
+    let a = DeliveryKey::new("r", "a}b{c");
+    let b = DeliveryKey::new("r", "a}b{d");
+    let c = DeliveryKey::new("r2", "a}b{c");
+    let d = DeliveryKey::new("r", "évènement-✓");
+    for k in [&a, &b, &c, &d] {
+        claimed(s.claim(k, &fp("x")).await.unwrap());
+    }
+}
+
+macro_rules! conformance {
+    ($($case:ident => $lifetimes:expr),* $(,)?) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(MemoryStore::new($lifetimes)).await;
+                }
+            )*
+        }
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let server = RedisServer::start_new();
+                    let store = RedisStore::new(&server.url(), "idemgate", $lifetimes, Duration::from_secs(1)).unwrap();
+                    super::$case(store).await;
+                    drop(server);
+                }
+            )*
+        }
+    };
+}
+
+conformance! {
+    first_claim_wins_and_copies_see_in_flight => LONG,
+    completion_is_replayed_and_counted => LONG,
+    release_lets_the_next_copy_claim => LONG,
+    an_expired_owner_cannot_touch_the_next_owners_claim => SHORT_LEASE,
+    renewal_keeps_a_live_claim_past_its_lease => SHORT_LEASE,
+    a_crashed_claimers_key_frees_after_the_lease => SHORT_LEASE,
+    wait_for_returns_the_first_ones_answer => LONG,
+    concurrent_claims_have_exactly_one_winner => LONG,
+    retention_forgets_completed_keys => Lifetimes { lease: Duration::from_secs(30), retention: Duration::from_millis(400) },
+    keys_with_braces_and_unicode_are_separate => LONG,
+}
+
+// ---- Redis-only properties -------------------------------------------------------
+
+/// Both keys of a delivery carry the same `{route:key}` hash tag, and carry TTLs.
+#[tokio::test]
+async fn redis_keys_share_a_hash_tag_and_expire() {
+    let server = RedisServer::start_new();
+    let s = RedisStore::new(&server.url(), "pfx", LONG, Duration::from_secs(1)).unwrap();
+    let k = key("evt_tag");
+    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let mut keys = server.keys();
+    keys.sort();
+    assert_eq!(keys, vec!["pfx:{route:evt_tag}".to_string(), "pfx:{route:evt_tag}:lock".to_string()]);
+    let lock_ttl: i64 = server.cli(&["PTTL", "pfx:{route:evt_tag}:lock"]).parse().unwrap();
+    assert!(lock_ttl > 0 && lock_ttl <= 30_000, "{lock_ttl}");
+    let state_ttl: i64 = server.cli(&["PTTL", "pfx:{route:evt_tag}"]).parse().unwrap();
+    assert!(state_ttl > 30_000 && state_ttl <= 3_600_000, "{state_ttl}");
+    assert_eq!(server.cli(&["HGET", "pfx:{route:evt_tag}", "status"]), "processing");
+}
+
+/// A restarted Redis has no scripts loaded and no connection: both come back by
+/// themselves, and an unreachable Redis answers an error within the store timeout.
+#[tokio::test]
+async fn redis_restart_is_survived_and_outage_is_bounded() {
+    let mut server = RedisServer::start_new();
+    let s = RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_millis(500)).unwrap();
+    claimed(s.claim(&key("before"), &fp("a")).await.unwrap());
+    server.stop();
+    let t = std::time::Instant::now();
+    assert!(s.claim(&key("during"), &fp("a")).await.is_err());
+    assert!(s.ping().await.is_err());
+    assert!(t.elapsed() < Duration::from_secs(3), "outage not bounded: {:?}", t.elapsed());
+    server.start();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match s.claim(&key("after"), &fp("a")).await {
+            Ok(c) => {
+                claimed(c);
+                break;
+            }
+            Err(e) => {
+                assert!(std::time::Instant::now() < end, "store did not recover: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    s.ping().await.unwrap();
+}
+
+/// A Redis that does not answer (paused) costs at most the store timeout.
+#[tokio::test]
+async fn a_paused_redis_times_out() {
+    let server = RedisServer::start_new();
+    let s = Arc::new(RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_millis(300)).unwrap());
+    s.ping().await.unwrap();
+    server.pause(2000);
+    let t = std::time::Instant::now();
+    let r = s.claim(&key("paused"), &fp("a")).await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+}
