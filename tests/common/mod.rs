@@ -791,6 +791,8 @@ pub struct SidecarBuilder {
     pub routes: Vec<RouteCfg>,
     /// raw TOML appended at the end of the file
     pub extra: String,
+    /// extra environment for the process (after the IDEMGATE_LOG defaults)
+    pub env: Vec<(String, String)>,
 }
 
 impl SidecarBuilder {
@@ -816,6 +818,7 @@ impl SidecarBuilder {
             dedup,
             routes: vec![],
             extra: String::new(),
+            env: vec![],
         }
     }
     pub fn top(mut self, k: &str, v: &str) -> Self {
@@ -835,6 +838,10 @@ impl SidecarBuilder {
     }
     pub fn route(mut self, r: RouteCfg) -> Self {
         self.routes.push(r);
+        self
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
         self
     }
     pub fn extra(mut self, raw: &str) -> Self {
@@ -901,6 +908,9 @@ impl SidecarBuilder {
                 .stdin(Stdio::null())
                 .stdout(File::create(&stdout_path).unwrap())
                 .stderr(File::create(&stderr_path).unwrap());
+            for (k, v) in &self.env {
+                cmd.env(k, v);
+            }
             let child = cmd.spawn().expect("spawn idemgate");
             let mut sc = Sidecar {
                 child: Some(child),
@@ -1141,6 +1151,31 @@ impl Sidecar {
                 );
             }
             tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+
+    /// Polls until `series` is at least `min`.
+    pub async fn wait_metric_at_least(&self, series: &str, min: f64) -> f64 {
+        let end = Instant::now() + Duration::from_secs(3);
+        loop {
+            let text = self.metrics().await;
+            let v = metric_value(&text, series).unwrap_or(0.0);
+            if v >= min {
+                return v;
+            }
+            if Instant::now() >= end {
+                panic!("metric {series} is {v}, expected at least {min}; metrics:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+
+    /// Asserts that none of `needles` appears in the process's stderr.
+    pub fn assert_log_lacks(&self, needles: &[&str]) {
+        let log = self.stderr();
+        for n in needles {
+            assert!(!n.is_empty());
+            assert!(!log.contains(n), "the log contains {n:?}:\n{log}");
         }
     }
 
