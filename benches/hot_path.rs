@@ -203,6 +203,8 @@ fn stores(c: &mut Criterion) {
     });
     match start_redis() {
         Some(redis) => {
+            // The connection manager spawns its connection task on the current runtime.
+            let _in_runtime = rt.enter();
             let store = RedisStore::new(
                 &format!("redis://127.0.0.1:{}/0", redis.1),
                 "bench",
