@@ -151,17 +151,44 @@ pub struct DedupConfig {
     pub wait_timeout: Duration,
 }
 
-/// One secret as configured: where it comes from (kept for redacted display) and its
-/// resolved value (never displayed).
+/// One secret as configured: where it comes from (kept for redacted display), its
+/// resolved value (never displayed), and the key ID it answers for when the entry was
+/// written `ID=source` (WeChat Pay's `PUB_KEY_ID_...`).
 #[derive(Clone)]
 pub struct Secret {
     pub source: String,
     pub value: Vec<u8>,
+    pub id: Option<String>,
+}
+
+impl Secret {
+    /// How the entry is shown: its ID (not secret) and its redacted source.
+    pub fn display(&self) -> String {
+        match &self.id {
+            Some(id) => format!("{id}={}", redact_source(&self.source)),
+            None => redact_source(&self.source),
+        }
+    }
 }
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret({})", redact_source(&self.source))
+        write!(f, "Secret({})", self.display())
+    }
+}
+
+/// Splits a WeChat Pay entry `ID=source` (ID of letters, digits and `_`) into its
+/// parts. A PEM literal or `env:`/`file:` source never matches.
+fn split_key_id(entry: &str) -> (Option<&str>, &str) {
+    match entry.split_once('=') {
+        Some((id, rest))
+            if !id.is_empty()
+                && !rest.is_empty()
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+        {
+            (Some(id), rest)
+        }
+        _ => (None, entry),
     }
 }
 
@@ -279,11 +306,7 @@ impl Config {
             let _ = writeln!(out, "name = {}", q(&r.name));
             let _ = writeln!(out, "path = {}", q(&r.path));
             let _ = writeln!(out, "provider = {}", q(&r.provider));
-            let secrets: Vec<String> = r
-                .secrets
-                .iter()
-                .map(|s| q(&redact_source(&s.source)))
-                .collect();
+            let secrets: Vec<String> = r.secrets.iter().map(|s| q(&s.display())).collect();
             let _ = writeln!(out, "secrets = [{}]", secrets.join(", "));
             if let Some(t) = r.tolerance {
                 let _ = writeln!(out, "tolerance = {}", q(&d(t)));
@@ -435,6 +458,7 @@ pub fn resolve_secret(
     Ok(Secret {
         source: source.to_string(),
         value: value.into_bytes(),
+        id: None,
     })
 }
 
@@ -624,7 +648,14 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         }
         let mut secrets = Vec::with_capacity(r.secrets.len());
         for (j, s) in r.secrets.iter().enumerate() {
-            secrets.push(resolve_secret(&format!("route[{i}].secrets[{j}]"), s, env)?);
+            let (id, source) = if provider == "wechatpay" {
+                split_key_id(s)
+            } else {
+                (None, s.as_str())
+            };
+            let mut secret = resolve_secret(&format!("route[{i}].secrets[{j}]"), source, env)?;
+            secret.id = id.map(str::to_string);
+            secrets.push(secret);
         }
         let tolerance = match r.tolerance {
             Some(t) => Some(parse_duration(&at("tolerance"), &t)?),
