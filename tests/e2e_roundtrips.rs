@@ -56,7 +56,11 @@ impl Monitor {
             .filter(|l| !l.contains(" lua]") && !l.to_uppercase().contains("\"ECHO\"") && l != "OK")
             .map(|l| {
                 // `1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc..." ...` → EVALSHA
-                l.split("] ").nth(1).and_then(|c| c.split('"').nth(1)).unwrap_or("?").to_uppercase()
+                l.split("] ")
+                    .nth(1)
+                    .and_then(|c| c.split('"').nth(1))
+                    .unwrap_or("?")
+                    .to_uppercase()
             })
             .collect()
     }
@@ -82,7 +86,9 @@ fn evalsha_calls(redis: &RedisServer) -> u64 {
 async fn a_first_delivery_costs_two_round_trips_and_a_copy_one() {
     let redis = RedisServer::start_new();
     let upstream = Upstream::start().await;
-    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url()).start().await;
+    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url())
+        .start()
+        .await;
 
     // Warm up: the first call after a Redis start loads the scripts (NOSCRIPT →
     // SCRIPT LOAD) once per Redis lifetime; that is not the steady state measured.
@@ -98,7 +104,11 @@ async fn a_first_delivery_costs_two_round_trips_and_a_copy_one() {
     assert_eq!(a.status, 200);
     assert!(!a.replayed());
     let first = monitor.client_commands_until_marker(&redis, "m1").await;
-    assert_eq!(first, vec!["EVALSHA", "EVALSHA"], "a first delivery is claim + complete");
+    assert_eq!(
+        first,
+        vec!["EVALSHA", "EVALSHA"],
+        "a first delivery is claim + complete"
+    );
 
     let copy = sidecar.send(&d).await;
     assert!(copy.replayed());

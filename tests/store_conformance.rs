@@ -47,13 +47,21 @@ fn claimed(c: Claim) -> idemgate::store::Token {
 }
 
 /// Polls `claim` until it is `Claimed`, or panics after `deadline`.
-async fn claim_eventually<S: Store>(s: &S, k: &DeliveryKey, f: &Fingerprint, deadline: Duration) -> idemgate::store::Token {
+async fn claim_eventually<S: Store>(
+    s: &S,
+    k: &DeliveryKey,
+    f: &Fingerprint,
+    deadline: Duration,
+) -> idemgate::store::Token {
     let end = tokio::time::Instant::now() + deadline;
     loop {
         match s.claim(k, f).await.unwrap() {
             Claim::Claimed(t) => return t,
             other => {
-                assert!(tokio::time::Instant::now() < end, "still not claimable: {other:?}");
+                assert!(
+                    tokio::time::Instant::now() < end,
+                    "still not claimable: {other:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -65,7 +73,10 @@ async fn first_claim_wins_and_copies_see_in_flight<S: Store>(s: S) {
     claimed(s.claim(&k, &fp("a")).await.unwrap());
     match s.claim(&k, &fp("a")).await.unwrap() {
         Claim::InFlight { remaining } => {
-            assert!(remaining > Duration::ZERO && remaining <= LONG.lease, "{remaining:?}")
+            assert!(
+                remaining > Duration::ZERO && remaining <= LONG.lease,
+                "{remaining:?}"
+            )
         }
         other => panic!("expected InFlight, got {other:?}"),
     }
@@ -82,7 +93,10 @@ async fn completion_is_replayed_and_counted<S: Store>(s: S) {
     let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
     let resp = response(b"\xff\x00not utf-8");
     assert!(s.complete(&k, t, &resp).await.unwrap());
-    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(resp.clone()));
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(resp.clone())
+    );
     assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(resp));
     // A different payload under a completed key is refused, and not counted.
     assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
@@ -99,7 +113,10 @@ async fn release_lets_the_next_copy_claim<S: Store>(s: S) {
     let k = key("evt_3");
     let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
     assert!(s.release(&k, t).await.unwrap());
-    assert_eq!(s.inspect(&k).await.unwrap().unwrap().status, Status::Released);
+    assert_eq!(
+        s.inspect(&k).await.unwrap().unwrap().status,
+        Status::Released
+    );
     // After a release a different payload is simply a new first delivery.
     let t2 = claimed(s.claim(&k, &fp("b")).await.unwrap());
     assert_ne!(t, t2);
@@ -119,12 +136,21 @@ async fn an_expired_owner_cannot_touch_the_next_owners_claim<S: Store>(s: S) {
     let new = claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
     assert_ne!(old, new);
     assert!(!s.renew(&k, old).await.unwrap(), "expired owner renewed");
-    assert!(!s.complete(&k, old, &response(b"old")).await.unwrap(), "expired owner completed");
+    assert!(
+        !s.complete(&k, old, &response(b"old")).await.unwrap(),
+        "expired owner completed"
+    );
     assert!(!s.release(&k, old).await.unwrap(), "expired owner released");
     // The new owner's claim is intact.
-    assert!(matches!(s.claim(&k, &fp("a")).await.unwrap(), Claim::InFlight { .. }));
+    assert!(matches!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
     assert!(s.complete(&k, new, &response(b"new")).await.unwrap());
-    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(response(b"new")));
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"new"))
+    );
 }
 
 async fn renewal_keeps_a_live_claim_past_its_lease<S: Store>(s: S) {
@@ -134,7 +160,10 @@ async fn renewal_keeps_a_live_claim_past_its_lease<S: Store>(s: S) {
     for _ in 0..16 {
         tokio::time::sleep(Duration::from_millis(75)).await;
         assert!(s.renew(&k, t).await.unwrap());
-        assert!(matches!(s.claim(&k, &fp("a")).await.unwrap(), Claim::InFlight { .. }));
+        assert!(matches!(
+            s.claim(&k, &fp("a")).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
     }
     assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
 }
@@ -144,7 +173,11 @@ async fn a_crashed_claimers_key_frees_after_the_lease<S: Store>(s: S) {
     let started = tokio::time::Instant::now();
     claimed(s.claim(&k, &fp("a")).await.unwrap());
     claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
-    assert!(started.elapsed() >= Duration::from_millis(250), "freed before the lease: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "freed before the lease: {:?}",
+        started.elapsed()
+    );
 }
 
 async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
@@ -153,11 +186,19 @@ async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
     let s2 = s.clone();
     let k2 = k.clone();
     let waiter = tokio::spawn(async move {
-        s2.wait_for(&k2, &fp("a"), tokio::time::Instant::now() + Duration::from_secs(5)).await
+        s2.wait_for(
+            &k2,
+            &fp("a"),
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(s.complete(&k, t, &response(b"first")).await.unwrap());
-    assert_eq!(waiter.await.unwrap().unwrap(), Claim::Completed(response(b"first")));
+    assert_eq!(
+        waiter.await.unwrap().unwrap(),
+        Claim::Completed(response(b"first"))
+    );
 
     // A holder that releases: the waiter claims for itself.
     let k = key("evt_7b");
@@ -165,7 +206,12 @@ async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
     let s2 = s.clone();
     let k2 = k.clone();
     let waiter = tokio::spawn(async move {
-        s2.wait_for(&k2, &fp("a"), tokio::time::Instant::now() + Duration::from_secs(5)).await
+        s2.wait_for(
+            &k2,
+            &fp("a"),
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(s.release(&k, t).await.unwrap());
@@ -174,7 +220,13 @@ async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
     // A holder that does neither: the waiter gives up at its deadline.
     let k = key("evt_7c");
     claimed(s.claim(&k, &fp("a")).await.unwrap());
-    let r = s.wait_for(&k, &fp("a"), tokio::time::Instant::now() + Duration::from_millis(200)).await;
+    let r = s
+        .wait_for(
+            &k,
+            &fp("a"),
+            tokio::time::Instant::now() + Duration::from_millis(200),
+        )
+        .await;
     assert!(matches!(r.unwrap(), Claim::InFlight { .. }));
 }
 
@@ -201,7 +253,10 @@ async fn retention_forgets_completed_keys<S: Store>(s: S) {
     let k = key("evt_9");
     let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
     assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
-    assert!(matches!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(_)));
+    assert!(matches!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(_)
+    ));
     // retention is 400 ms in this case's store
     claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
 }
@@ -266,12 +321,27 @@ async fn redis_keys_share_a_hash_tag_and_expire() {
     claimed(s.claim(&k, &fp("a")).await.unwrap());
     let mut keys = server.keys();
     keys.sort();
-    assert_eq!(keys, vec!["pfx:{route:evt_tag}".to_string(), "pfx:{route:evt_tag}:lock".to_string()]);
-    let lock_ttl: i64 = server.cli(&["PTTL", "pfx:{route:evt_tag}:lock"]).parse().unwrap();
+    assert_eq!(
+        keys,
+        vec![
+            "pfx:{route:evt_tag}".to_string(),
+            "pfx:{route:evt_tag}:lock".to_string()
+        ]
+    );
+    let lock_ttl: i64 = server
+        .cli(&["PTTL", "pfx:{route:evt_tag}:lock"])
+        .parse()
+        .unwrap();
     assert!(lock_ttl > 0 && lock_ttl <= 30_000, "{lock_ttl}");
-    let state_ttl: i64 = server.cli(&["PTTL", "pfx:{route:evt_tag}"]).parse().unwrap();
+    let state_ttl: i64 = server
+        .cli(&["PTTL", "pfx:{route:evt_tag}"])
+        .parse()
+        .unwrap();
     assert!(state_ttl > 30_000 && state_ttl <= 3_600_000, "{state_ttl}");
-    assert_eq!(server.cli(&["HGET", "pfx:{route:evt_tag}", "status"]), "processing");
+    assert_eq!(
+        server.cli(&["HGET", "pfx:{route:evt_tag}", "status"]),
+        "processing"
+    );
 }
 
 /// A restarted Redis has no scripts loaded and no connection: both come back by
@@ -285,7 +355,11 @@ async fn redis_restart_is_survived_and_outage_is_bounded() {
     let t = std::time::Instant::now();
     assert!(s.claim(&key("during"), &fp("a")).await.is_err());
     assert!(s.ping().await.is_err());
-    assert!(t.elapsed() < Duration::from_secs(3), "outage not bounded: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "outage not bounded: {:?}",
+        t.elapsed()
+    );
     server.start();
     let end = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -295,7 +369,10 @@ async fn redis_restart_is_survived_and_outage_is_bounded() {
                 break;
             }
             Err(e) => {
-                assert!(std::time::Instant::now() < end, "store did not recover: {e}");
+                assert!(
+                    std::time::Instant::now() < end,
+                    "store did not recover: {e}"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -307,11 +384,17 @@ async fn redis_restart_is_survived_and_outage_is_bounded() {
 #[tokio::test]
 async fn a_paused_redis_times_out() {
     let server = RedisServer::start_new();
-    let s = Arc::new(RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_millis(300)).unwrap());
+    let s = Arc::new(
+        RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_millis(300)).unwrap(),
+    );
     s.ping().await.unwrap();
     server.pause(2000);
     let t = std::time::Instant::now();
     let r = s.claim(&key("paused"), &fp("a")).await;
     assert!(r.is_err(), "{r:?}");
-    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
 }

@@ -67,9 +67,12 @@ fn decode_component(raw: &[u8]) -> Vec<u8> {
     percent_encoding::percent_decode(&plus).collect()
 }
 
+/// A notification's fields as text, in the order they came.
+type Fields = Vec<(String, String)>;
+
 /// The notification decoded once with its charset: the fields as text, and the
 /// charset to write the signed string in.
-fn decode(body: &[u8]) -> Result<(Vec<(String, String)>, &'static Encoding), Rejection> {
+fn decode(body: &[u8]) -> Result<(Fields, &'static Encoding), Rejection> {
     let raw = raw_fields(body);
     let charset = raw
         .iter()
