@@ -885,6 +885,40 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
     }
 
     #[test]
+    fn wechatpay_entries_may_name_their_key_id() {
+        assert_eq!(
+            split_key_id("PUB_KEY_ID_0114=file:/k.pem"),
+            (Some("PUB_KEY_ID_0114"), "file:/k.pem")
+        );
+        assert_eq!(split_key_id("file:/cert.pem"), (None, "file:/cert.pem"));
+        assert_eq!(
+            split_key_id("-----BEGIN PUBLIC KEY-----\nAB==\n"),
+            (None, "-----BEGIN PUBLIC KEY-----\nAB==\n")
+        );
+        assert_eq!(split_key_id("ID="), (None, "ID="));
+        // only wechatpay routes split: a base64 HMAC secret keeps its `=`
+        let text = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw=",
+        );
+        if let Ok(c) = Config::from_toml_with_env(&text, env_none) {
+            assert!(c.routes[0].secrets[0].id.is_none());
+        }
+        let s = Secret {
+            source: "env:WX_KEY".into(),
+            value: b"pem".to_vec(),
+            id: Some("PUB_KEY_ID_1".into()),
+        };
+        assert_eq!(s.display(), "PUB_KEY_ID_1=env:WX_KEY");
+        let lit = Secret {
+            source: "-----BEGIN".into(),
+            value: b"pem".to_vec(),
+            id: Some("PUB_KEY_ID_1".into()),
+        };
+        assert_eq!(lit.display(), "PUB_KEY_ID_1=<redacted literal>");
+    }
+
+    #[test]
     fn sizes_and_durations() {
         assert_eq!(parse_size("f", "1MiB").unwrap(), 1 << 20);
         assert_eq!(parse_size("f", "64KiB").unwrap(), 64 << 10);
