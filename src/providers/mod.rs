@@ -144,6 +144,10 @@ pub struct Route {
     pub key: KeySource,
     pub fingerprint: FingerprintRule,
     pub claim_key: ClaimKey,
+    /// For `ClaimKey::Content`: headers hashed with the body, because one body may
+    /// legitimately arrive as several events (Shopify sends one order JSON as
+    /// `orders/create` and `orders/paid`).
+    content_scope: &'static [&'static str],
     tolerance: Option<Duration>,
     /// `"{name}:"`, the prefix of the `idempotency-key` header sent upstream.
     key_header_prefix: String,
@@ -183,7 +187,7 @@ impl Route {
                 fingerprint: self.fingerprint.fingerprint(body),
             },
             ClaimKey::Content => {
-                let fingerprint = fingerprint_body(body);
+                let fingerprint = self.content_hash(headers, body);
                 Identity {
                     claim_key: format!("sha256:{}", hex::encode(fingerprint)),
                     delivery_key,
@@ -191,6 +195,28 @@ impl Route {
                 }
             }
         })
+    }
+}
+
+impl Route {
+    /// The body's SHA-256, or, with a content scope, SHA-256 over each scope header's
+    /// `name:value\n`, a blank line, then the body.
+    fn content_hash(&self, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
+        if self.content_scope.is_empty() {
+            return fingerprint_body(body);
+        }
+        let mut h = Sha256::new();
+        for name in self.content_scope {
+            h.update(name.as_bytes());
+            h.update(b":");
+            if let Some(v) = headers.get(*name) {
+                h.update(v.as_bytes());
+            }
+            h.update(b"\n");
+        }
+        h.update(b"\n");
+        h.update(body);
+        h.finalize().into()
     }
 }
 
@@ -223,6 +249,8 @@ struct Preset {
     /// Headers the scheme signs: a key read from any other header is unsigned.
     signed_headers: &'static [&'static str],
     fingerprint: FingerprintRule,
+    /// Headers hashed with the body when the claim key is the content.
+    content_scope: &'static [&'static str],
 }
 
 /// The provider-specific fields (`CustomFields`) each preset reads; any other one set
@@ -303,6 +331,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &["webhook-id", "webhook-timestamp"],
             fingerprint: FingerprintRule::Body,
+            content_scope: &[],
         },
         "github" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
@@ -310,6 +339,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &[],
             fingerprint: FingerprintRule::Body,
+            content_scope: &[],
         },
         "stripe" => Preset {
             verifier: Box::new(stripe::Stripe::new(s, tol)?),
@@ -317,6 +347,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &[],
             fingerprint: FingerprintRule::Body,
+            content_scope: &[],
         },
         "shopify" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
@@ -326,6 +357,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &[],
             fingerprint: FingerprintRule::Body,
+            content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
         },
         "slack" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
@@ -333,6 +365,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &["x-slack-request-timestamp"],
             fingerprint: FingerprintRule::Body,
+            content_scope: &[],
         },
         "alipay" => Preset {
             verifier: Box::new(alipay::Alipay::new(s)?),
@@ -340,6 +373,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &[],
             fingerprint: FingerprintRule::AlipayFields,
+            content_scope: &[],
         },
         "wechatpay" => Preset {
             verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
@@ -347,6 +381,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &["wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"],
             fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
+            content_scope: &[],
         },
         "twilio" => Preset {
             verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
@@ -354,6 +389,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             tolerance,
             signed_headers: &[],
             fingerprint: FingerprintRule::Body,
+            content_scope: &[],
         },
         "custom" => {
             let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
@@ -364,6 +400,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
                 tolerance,
                 signed_headers,
                 fingerprint: FingerprintRule::Body,
+                content_scope: &[],
             }
         }
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
@@ -398,6 +435,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         } else {
             ClaimKey::Delivery
         },
+        content_scope: preset.content_scope,
         tolerance: preset.tolerance,
         key_header_prefix: format!("{}:", cfg.name),
     })
@@ -572,5 +610,26 @@ mod tests {
             r.key.extract(&h, b"{}").unwrap(),
             "e1:orders/create:s.myshopify.com"
         );
+    }
+
+    #[test]
+    fn shopify_content_keys_are_scoped_by_topic_and_shop() {
+        let sig = "plW8VGqq0nDMIEhDqaNNW99asdUCy7EIqLZVcQwtAZ0=";
+        let r = built("provider = \"shopify\"\nsecrets = [\"shop-secret\"]");
+        let body = Bytes::from_static(b"{\"id\":1}");
+        let claim = |event: &'static str, topic: &'static str, shop: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-shopify-hmac-sha256", HeaderValue::from_static(sig));
+            h.insert("x-shopify-event-id", HeaderValue::from_static(event));
+            h.insert("x-shopify-topic", HeaderValue::from_static(topic));
+            h.insert("x-shopify-shop-domain", HeaderValue::from_static(shop));
+            r.identify(&h, None, &body, 0).unwrap().claim_key
+        };
+        let first = claim("e1", "orders/create", "a.myshopify.com");
+        // a replay under a new event ID is the same claim
+        assert_eq!(first, claim("e2", "orders/create", "a.myshopify.com"));
+        // the same order JSON as another topic, or from another shop, is another event
+        assert_ne!(first, claim("e3", "orders/paid", "a.myshopify.com"));
+        assert_ne!(first, claim("e4", "orders/create", "b.myshopify.com"));
     }
 }
