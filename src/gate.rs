@@ -540,7 +540,7 @@ impl<S: Store> Gate<S> {
         rm.upstream.observe(t.elapsed().as_secs_f64());
 
         match result {
-            Ok(resp) if resp.status.is_success() => {
+            Ok(resp) if route.success.completes(resp.status, &resp.body) => {
                 let stored = StoredResponse {
                     status: resp.status.as_u16(),
                     headers: upstream::encode_headers(&resp.headers),

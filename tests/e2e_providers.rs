@@ -403,18 +403,31 @@ async fn alipay_rsa2_notifications_get_the_stored_success() {
     };
     let id1 = unique_id("n");
     let body = sign(&k1, notify(&id1, "9.90", "语雀空间"), false, "utf-8");
+    // The application is not ready and answers 200 `fail`: to Alipay that is a failure,
+    // so nothing is stored and Alipay's retry reaches the application again.
+    st.upstream.push_modes(vec![Mode::Ok {
+        status: 200,
+        headers: vec![],
+        body: b"fail".to_vec(),
+    }]);
     let a = st.post(path, &form(), &body).await;
-    st.forwarded(&a, 1, &body, &format!("alipay:{id1}"));
+    assert_eq!(
+        (a.status, a.body.as_slice(), a.replayed()),
+        (200, &b"fail"[..], false)
+    );
+    assert_eq!(st.upstream.count(), 1);
+    let a = st.post(path, &form(), &body).await;
+    st.forwarded(&a, 2, &body, &format!("alipay:{id1}"));
     assert_eq!(a.body, b"success");
     // Alipay retries until it sees `success`: the duplicate gets it from the store.
     let a = st.post(path, &form(), &body).await;
-    st.replayed(&a, 1, b"success");
+    st.replayed(&a, 2, b"success");
     // A resend with another notify_time (signed anew) is still the same notification.
     let mut resend_fields = notify(&id1, "9.90", "语雀空间");
     resend_fields[2][1] = json!("2026-01-01 10:02:00");
     let resend = sign(&k1, resend_fields, false, "utf-8");
     let a = st.post(path, &form(), &resend).await;
-    st.replayed(&a, 1, b"success");
+    st.replayed(&a, 2, b"success");
     // Tampered: the amount changed after signing.
     let tampered = String::from_utf8(body.clone())
         .unwrap()
@@ -422,23 +435,23 @@ async fn alipay_rsa2_notifications_get_the_stored_success() {
         .into_bytes();
     assert_ne!(tampered, body);
     let a = st.post(path, &form(), &tampered).await;
-    st.refused(&a, 401, 1);
+    st.refused(&a, 401, 2);
     // A key nobody configured.
     let k3 = py(json!({"op":"rsa_keygen"}));
     let stranger = sign(&k3, notify(&unique_id("n"), "1.00", "x"), false, "utf-8");
     let a = st.post(path, &form(), &stranger).await;
-    st.refused(&a, 401, 1);
+    st.refused(&a, 401, 2);
     // Rotation: the second key, signed with sign_type kept in.
     let id2 = unique_id("n");
     let body2 = sign(&k2, notify(&id2, "1.00", "服务市场"), true, "utf-8");
     let a = st.post(path, &form(), &body2).await;
-    st.forwarded(&a, 2, &body2, &format!("alipay:{id2}"));
+    st.forwarded(&a, 3, &body2, &format!("alipay:{id2}"));
     // GBK: the body is form-encoded GBK, signed over GBK bytes.
     let id3 = unique_id("n");
     let body3 = sign(&k1, notify(&id3, "2.00", "中文商品"), false, "gbk");
     assert!(String::from_utf8(body3.clone()).unwrap().contains("%D6%D0"));
     let a = st.post(path, &form(), &body3).await;
-    st.forwarded(&a, 3, &body3, &format!("alipay:{id3}"));
+    st.forwarded(&a, 4, &body3, &format!("alipay:{id3}"));
 }
 
 #[tokio::test]

@@ -114,6 +114,29 @@ impl FingerprintRule {
     }
 }
 
+/// Which of the application's answers completes a delivery (and is replayed to every
+/// copy); any other answer releases the claim so the provider's retry is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuccessRule {
+    /// Any 2xx.
+    Any2xx,
+    /// Alipay: a 2xx whose body is literally `success`. Alipay retries anything else,
+    /// so storing a 200 `fail` would answer every retry with `fail`, forever, while the
+    /// application never saw them.
+    AlipaySuccessBody,
+}
+
+impl SuccessRule {
+    pub fn completes(self, status: http::StatusCode, body: &[u8]) -> bool {
+        match self {
+            SuccessRule::Any2xx => status.is_success(),
+            SuccessRule::AlipaySuccessBody => {
+                status.is_success() && body.trim_ascii() == b"success"
+            }
+        }
+    }
+}
+
 /// Which key a delivery is claimed under in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimKey {
@@ -144,6 +167,7 @@ pub struct Route {
     pub key: KeySource,
     pub fingerprint: FingerprintRule,
     pub claim_key: ClaimKey,
+    pub success: SuccessRule,
     /// For `ClaimKey::Content`: headers hashed with the body, because one body may
     /// legitimately arrive as several events (Shopify sends one order JSON as
     /// `orders/create` and `orders/paid`).
@@ -436,6 +460,11 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             ClaimKey::Delivery
         },
         content_scope: preset.content_scope,
+        success: if cfg.provider == "alipay" {
+            SuccessRule::AlipaySuccessBody
+        } else {
+            SuccessRule::Any2xx
+        },
         tolerance: preset.tolerance,
         key_header_prefix: format!("{}:", cfg.name),
     })
@@ -594,6 +623,19 @@ mod tests {
             (a.delivery_key.as_str(), b.delivery_key.as_str()),
             ("d-1", "d-2")
         );
+    }
+
+    #[test]
+    fn alipay_completes_only_on_the_literal_success() {
+        use http::StatusCode;
+        let a = SuccessRule::AlipaySuccessBody;
+        assert!(a.completes(StatusCode::OK, b"success"));
+        assert!(a.completes(StatusCode::OK, b"success\n"));
+        assert!(!a.completes(StatusCode::OK, b"fail"));
+        assert!(!a.completes(StatusCode::OK, b""));
+        assert!(!a.completes(StatusCode::INTERNAL_SERVER_ERROR, b"success"));
+        assert!(SuccessRule::Any2xx.completes(StatusCode::NO_CONTENT, b""));
+        assert!(!SuccessRule::Any2xx.completes(StatusCode::BAD_GATEWAY, b""));
     }
 
     #[test]
