@@ -713,6 +713,12 @@ async fn standard_v1a_ed25519_from_an_independent_signer() {
     tampered[2] ^= 1;
     let a = st.post(path, &h(now, sign(now, &body)), &tampered).await;
     st.refused(&a, 401, 1);
+    // the other configured entry, a whsec_ secret, passes too (mixed rotation)
+    let id2 = unique_id("msg");
+    let body2 = format!(r#"{{"type":"ping","id":"{id2}"}}"#).into_bytes();
+    let d = Delivery::new(&id2, body2.clone()).path(path);
+    let a = st.sidecar.send(&d).await;
+    st.forwarded(&a, 2, &body2, &format!("std:{id2}"));
 }
 
 /// The signers above are only independent evidence if they are right: each one
