@@ -151,17 +151,44 @@ pub struct DedupConfig {
     pub wait_timeout: Duration,
 }
 
-/// One secret as configured: where it comes from (kept for redacted display) and its
-/// resolved value (never displayed).
+/// One secret as configured: where it comes from (kept for redacted display), its
+/// resolved value (never displayed), and the key ID it answers for when the entry was
+/// written `ID=source` (WeChat Pay's `PUB_KEY_ID_...`).
 #[derive(Clone)]
 pub struct Secret {
     pub source: String,
     pub value: Vec<u8>,
+    pub id: Option<String>,
+}
+
+impl Secret {
+    /// How the entry is shown: its ID (not secret) and its redacted source.
+    pub fn display(&self) -> String {
+        match &self.id {
+            Some(id) => format!("{id}={}", redact_source(&self.source)),
+            None => redact_source(&self.source),
+        }
+    }
 }
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret({})", redact_source(&self.source))
+        write!(f, "Secret({})", self.display())
+    }
+}
+
+/// Splits a WeChat Pay entry `ID=source` (ID of letters, digits and `_`) into its
+/// parts. A PEM literal or `env:`/`file:` source never matches.
+fn split_key_id(entry: &str) -> (Option<&str>, &str) {
+    match entry.split_once('=') {
+        Some((id, rest))
+            if !id.is_empty()
+                && !rest.is_empty()
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+        {
+            (Some(id), rest)
+        }
+        _ => (None, entry),
     }
 }
 
@@ -279,11 +306,7 @@ impl Config {
             let _ = writeln!(out, "name = {}", q(&r.name));
             let _ = writeln!(out, "path = {}", q(&r.path));
             let _ = writeln!(out, "provider = {}", q(&r.provider));
-            let secrets: Vec<String> = r
-                .secrets
-                .iter()
-                .map(|s| q(&redact_source(&s.source)))
-                .collect();
+            let secrets: Vec<String> = r.secrets.iter().map(|s| q(&s.display())).collect();
             let _ = writeln!(out, "secrets = [{}]", secrets.join(", "));
             if let Some(t) = r.tolerance {
                 let _ = writeln!(out, "tolerance = {}", q(&d(t)));
@@ -435,6 +458,7 @@ pub fn resolve_secret(
     Ok(Secret {
         source: source.to_string(),
         value: value.into_bytes(),
+        id: None,
     })
 }
 
@@ -624,7 +648,14 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         }
         let mut secrets = Vec::with_capacity(r.secrets.len());
         for (j, s) in r.secrets.iter().enumerate() {
-            secrets.push(resolve_secret(&format!("route[{i}].secrets[{j}]"), s, env)?);
+            let (id, source) = if provider == "wechatpay" {
+                split_key_id(s)
+            } else {
+                (None, s.as_str())
+            };
+            let mut secret = resolve_secret(&format!("route[{i}].secrets[{j}]"), source, env)?;
+            secret.id = id.map(str::to_string);
+            secrets.push(secret);
         }
         let tolerance = match r.tolerance {
             Some(t) => Some(parse_duration(&at("tolerance"), &t)?),
@@ -851,6 +882,40 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         assert!(shown.contains("redis://u:***@127.0.0.1:6379/0"));
         // What is printed is itself a valid configuration of the same shape.
         assert!(toml::from_str::<toml::Value>(&shown).is_ok());
+    }
+
+    #[test]
+    fn wechatpay_entries_may_name_their_key_id() {
+        assert_eq!(
+            split_key_id("PUB_KEY_ID_0114=file:/k.pem"),
+            (Some("PUB_KEY_ID_0114"), "file:/k.pem")
+        );
+        assert_eq!(split_key_id("file:/cert.pem"), (None, "file:/cert.pem"));
+        assert_eq!(
+            split_key_id("-----BEGIN PUBLIC KEY-----\nAB==\n"),
+            (None, "-----BEGIN PUBLIC KEY-----\nAB==\n")
+        );
+        assert_eq!(split_key_id("ID="), (None, "ID="));
+        // only wechatpay routes split: a base64 HMAC secret keeps its `=`
+        let text = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw=",
+        );
+        if let Ok(c) = Config::from_toml_with_env(&text, env_none) {
+            assert!(c.routes[0].secrets[0].id.is_none());
+        }
+        let s = Secret {
+            source: "env:WX_KEY".into(),
+            value: b"pem".to_vec(),
+            id: Some("PUB_KEY_ID_1".into()),
+        };
+        assert_eq!(s.display(), "PUB_KEY_ID_1=env:WX_KEY");
+        let lit = Secret {
+            source: "-----BEGIN".into(),
+            value: b"pem".to_vec(),
+            id: Some("PUB_KEY_ID_1".into()),
+        };
+        assert_eq!(lit.display(), "PUB_KEY_ID_1=<redacted literal>");
     }
 
     #[test]

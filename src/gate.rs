@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, Limited};
 
 use crate::config::{Config, InFlightPolicy, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteMetrics, StoreOp};
-use crate::providers::{self, Fingerprint, KeyError, Refusal, Rejection, Route};
+use crate::providers::{self, KeyError, Refusal, Rejection, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError, UpstreamResponse};
 
@@ -353,15 +353,19 @@ impl<S: Store> Gate<S> {
         };
 
         // verify + identify: pure, before anything touches the store.
-        let (key, fp) = match route.identify(&parts.headers, &body, unix_now()) {
+        let identity = match route.identify(&parts.headers, parts.uri.query(), &body, unix_now()) {
             Ok(v) => v,
             Err(refused) => {
                 let r = refusal(&refused);
                 return (r.outcome, error_answer(&r));
             }
         };
-        let dkey = DeliveryKey::new(route.name.clone(), key);
-        *key_for_log = Some(dkey.key.clone());
+        // The store claims `claim_key` (for unsigned-key presets, the body's hash); the
+        // delivery's own key is what the log and the application see.
+        let fp = identity.fingerprint;
+        let dkey = DeliveryKey::new(route.name.clone(), identity.claim_key);
+        let upstream_key = route.idempotency_header(&identity.delivery_key);
+        *key_for_log = Some(identity.delivery_key);
 
         // claim (and, with in_flight = "wait", wait for the holder)
         let mut waited = false;
@@ -371,12 +375,16 @@ impl<S: Store> Gate<S> {
         loop {
             let c = match claim {
                 Ok(c) => c,
-                Err(e) => return self.store_down(route, rm, &parts, body, &dkey, e).await,
+                Err(e) => {
+                    return self
+                        .store_down(route, rm, &parts, body, upstream_key, e)
+                        .await;
+                }
             };
             match decide(c, self.in_flight, waited) {
                 Step::Forward(token) => {
                     return self
-                        .forward_and_settle(route, rm, &parts, body, &dkey, &fp, token)
+                        .forward_and_settle(route, rm, &parts, body, &dkey, upstream_key, token)
                         .await;
                 }
                 Step::Replay(stored) => return (Outcome::Replayed, replay_answer(stored)),
@@ -433,11 +441,10 @@ impl<S: Store> Gate<S> {
 
     fn outgoing<'a>(
         &self,
-        route: &Route,
         parts: &'a http::request::Parts,
         body: Bytes,
         path_and_query: &'a str,
-        key: Option<&DeliveryKey>,
+        idempotency_key: Option<HeaderValue>,
     ) -> Outgoing<'a> {
         Outgoing {
             method: &parts.method,
@@ -445,7 +452,7 @@ impl<S: Store> Gate<S> {
             headers: &parts.headers,
             body,
             authority: parts.uri.authority().map(|a| a.as_str()),
-            idempotency_key: key.and_then(|k| route.idempotency_header(&k.key)),
+            idempotency_key,
         }
     }
 
@@ -456,7 +463,7 @@ impl<S: Store> Gate<S> {
         rm: &RouteMetrics,
         parts: &http::request::Parts,
         body: Bytes,
-        key: &DeliveryKey,
+        upstream_key: Option<HeaderValue>,
         err: StoreError,
     ) -> (Outcome, Answer) {
         tracing::warn!(route = &*route.name, error = %err, "store unavailable");
@@ -476,7 +483,7 @@ impl<S: Store> Gate<S> {
                 let t = Instant::now();
                 let result = self
                     .upstream
-                    .forward(self.outgoing(route, parts, body, &pq, Some(key)))
+                    .forward(self.outgoing(parts, body, &pq, upstream_key))
                     .await;
                 rm.upstream.observe(t.elapsed().as_secs_f64());
                 match result {
@@ -500,14 +507,14 @@ impl<S: Store> Gate<S> {
         parts: &http::request::Parts,
         body: Bytes,
         key: &DeliveryKey,
-        _fp: &Fingerprint,
+        upstream_key: Option<HeaderValue>,
         token: Token,
     ) -> (Outcome, Answer) {
         let pq = upstream_path(route, parts);
         let t = Instant::now();
         let call = self
             .upstream
-            .forward(self.outgoing(route, parts, body, &pq, Some(key)));
+            .forward(self.outgoing(parts, body, &pq, upstream_key));
         let mut lost = false;
         let result = {
             tokio::pin!(call);
@@ -533,7 +540,7 @@ impl<S: Store> Gate<S> {
         rm.upstream.observe(t.elapsed().as_secs_f64());
 
         match result {
-            Ok(resp) if resp.status.is_success() => {
+            Ok(resp) if route.success.completes(resp.status, &resp.body) => {
                 let stored = StoredResponse {
                     status: resp.status.as_u16(),
                     headers: upstream::encode_headers(&resp.headers),

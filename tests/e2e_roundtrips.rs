@@ -119,3 +119,57 @@ async fn a_first_delivery_costs_two_round_trips_and_a_copy_one() {
     assert_eq!(evalsha_calls(&redis) - evals_before, 3);
     assert_eq!(upstream.count(), 2);
 }
+
+/// The unsigned-key guard (GitHub: claimed under the body's hash, the delivery ID sent
+/// upstream) costs nothing extra: still claim + complete, and one claim for a copy,
+/// even when the copy carries a fresh delivery ID.
+#[tokio::test]
+async fn the_unsigned_key_guard_adds_no_round_trip() {
+    use hmac::{Hmac, KeyInit, Mac};
+    let redis = RedisServer::start_new();
+    let upstream = Upstream::start().await;
+    let route = RouteCfg {
+        name: "gh".into(),
+        path: "/gh".into(),
+        provider: "github".into(),
+        secrets: vec!["gh-secret".into()],
+        tolerance: None,
+        key: None,
+        extra: String::new(),
+    };
+    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url())
+        .route(route)
+        .start()
+        .await;
+    let client = sidecar.client.clone();
+    let url = sidecar.url("/gh");
+    let send = |id: &str, body: &str| {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"gh-secret").unwrap();
+        mac.update(body.as_bytes());
+        let sig = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        let headers = vec![
+            ("x-github-delivery".to_string(), id.to_string()),
+            ("x-hub-signature-256".to_string(), sig),
+        ];
+        let (client, url, body) = (client.clone(), url.clone(), body.as_bytes().to_vec());
+        async move { post(&client, &url, &headers, body).await }
+    };
+    assert_eq!(send("warm", "{\"warm\":1}").await.unwrap().status, 200);
+
+    let monitor = Monitor::start(&redis);
+    monitor.client_commands_until_marker(&redis, "g0").await;
+    let body = format!("{{\"n\":\"{}\"}}", unique_id("gh"));
+    let a = send("d-1", &body).await.unwrap();
+    assert_eq!((a.status, a.replayed()), (200, false));
+    let first = monitor.client_commands_until_marker(&redis, "g1").await;
+    assert_eq!(first, vec!["EVALSHA", "EVALSHA"], "claim + complete");
+    let copy = send("d-2", &body).await.unwrap();
+    assert!(copy.replayed());
+    let dup = monitor.client_commands_until_marker(&redis, "g2").await;
+    assert_eq!(
+        dup,
+        vec!["EVALSHA"],
+        "a copy under a new delivery ID is one claim"
+    );
+    assert_eq!(upstream.count(), 2);
+}

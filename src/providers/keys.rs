@@ -1,6 +1,11 @@
 //! Key sources: where a delivery's stable idempotency key is read from
-//! (`header:NAME`, `json:/pointer`, `form:FIELD`), and the checks a key passes before
-//! it may become part of a Redis key name.
+//! (`header:NAME`, `json:/pointer`, `form:FIELD`, or several of them joined with `+`),
+//! and the checks a key passes before it may become part of a Redis key name.
+//!
+//! A composite source (`header:A+header:B`) joins its parts' values with `:`, each part
+//! with `%` and `:` percent-escaped first, so two different tuples never make one key.
+//! The source text is split at every `+` that starts another `header:`, `json:` or
+//! `form:` part, so a `+` inside a name or pointer is kept.
 
 use http::{HeaderMap, HeaderName};
 
@@ -15,6 +20,8 @@ pub enum KeySource {
     Json(String),
     /// A field of an `application/x-www-form-urlencoded` body.
     Form(String),
+    /// Several sources, all required, joined (see the module doc).
+    Composite(Vec<KeySource>),
 }
 
 /// Why no usable key came out of a delivery (all answered 400).
@@ -28,6 +35,18 @@ pub enum KeyError {
 
 impl KeySource {
     pub fn parse(text: &str) -> Result<KeySource, String> {
+        let parts = split_composite(text);
+        if parts.len() == 1 {
+            return Self::parse_one(text);
+        }
+        let parts = parts
+            .into_iter()
+            .map(Self::parse_one)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(KeySource::Composite(parts))
+    }
+
+    fn parse_one(text: &str) -> Result<KeySource, String> {
         let (kind, arg) = text
             .split_once(':')
             .ok_or_else(|| format!("`{text}` is not header:NAME, json:/pointer or form:FIELD"))?;
@@ -52,12 +71,47 @@ impl KeySource {
             KeySource::Header(h) => format!("header {h}"),
             KeySource::Json(p) => format!("JSON {p}"),
             KeySource::Form(f) => format!("form field {f}"),
+            KeySource::Composite(parts) => parts
+                .iter()
+                .map(KeySource::describe)
+                .collect::<Vec<_>>()
+                .join(" + "),
+        }
+    }
+
+    /// The headers this source reads: a key read from a header the provider does not
+    /// sign can be changed by whoever replays a captured request.
+    pub fn headers(&self) -> Vec<&HeaderName> {
+        match self {
+            KeySource::Header(h) => vec![h],
+            KeySource::Json(_) | KeySource::Form(_) => vec![],
+            KeySource::Composite(parts) => parts.iter().flat_map(KeySource::headers).collect(),
         }
     }
 
     pub fn extract(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, KeyError> {
+        let key = self.extract_unchecked(headers, body)?;
+        validate_key(&key)?;
+        Ok(key)
+    }
+
+    fn extract_unchecked(&self, headers: &HeaderMap, body: &[u8]) -> Result<String, KeyError> {
         let missing = || KeyError::Missing(self.describe());
         let key = match self {
+            KeySource::Composite(parts) => {
+                let mut joined = String::new();
+                for (i, part) in parts.iter().enumerate() {
+                    let value = part.extract_unchecked(headers, body)?;
+                    if value.is_empty() {
+                        return Err(KeyError::Invalid("a part of the composite key is empty"));
+                    }
+                    if i > 0 {
+                        joined.push(':');
+                    }
+                    joined.push_str(&value.replace('%', "%25").replace(':', "%3A"));
+                }
+                joined
+            }
             KeySource::Header(name) => {
                 let mut values = headers.get_all(name).iter();
                 let first = values.next().ok_or_else(missing)?;
@@ -98,9 +152,27 @@ impl KeySource {
                 found.ok_or_else(missing)?
             }
         };
-        validate_key(&key)?;
         Ok(key)
     }
+}
+
+/// Splits `header:A+header:B` at each `+` that starts a new part.
+fn split_composite(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (i, _) in text.match_indices('+') {
+        let rest = &text[i + 1..];
+        if i > start
+            && ["header:", "json:", "form:"]
+                .iter()
+                .any(|k| rest.starts_with(k))
+        {
+            parts.push(&text[start..i]);
+            start = i + 1;
+        }
+    }
+    parts.push(&text[start..]);
+    parts
 }
 
 /// A key becomes part of a Redis key name and of log lines: bound it and keep
@@ -148,7 +220,22 @@ mod tests {
             KeySource::parse("form:notify_id").unwrap(),
             KeySource::Form("notify_id".into())
         );
-        for bad in ["nope", "json:id", "header:bad header", "form:", "xml:/a"] {
+        assert_eq!(
+            KeySource::parse("header:A+header:B+json:/a+b").unwrap(),
+            KeySource::Composite(vec![
+                KeySource::Header(HeaderName::from_static("a")),
+                KeySource::Header(HeaderName::from_static("b")),
+                KeySource::Json("/a+b".into()),
+            ])
+        );
+        for bad in [
+            "nope",
+            "json:id",
+            "header:bad header",
+            "form:",
+            "xml:/a",
+            "header:a+json:id",
+        ] {
             assert!(KeySource::parse(bad).is_err(), "{bad}");
         }
     }
@@ -217,6 +304,30 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(matches!(
             s.extract(&e, deep.as_bytes()),
+            Err(KeyError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn composite_keys_join_escaped_parts() {
+        let s = KeySource::parse("header:x-a+header:x-b+json:/id").unwrap();
+        let m = h(&[("x-a", "e:1"), ("x-b", "100%")]);
+        assert_eq!(s.extract(&m, br#"{"id":7}"#).unwrap(), "e%3A1:100%25:7");
+        // a different split of the same characters is a different key
+        let m2 = h(&[("x-a", "e"), ("x-b", "1:100%")]);
+        assert_ne!(
+            s.extract(&m2, br#"{"id":7}"#).unwrap(),
+            s.extract(&m, br#"{"id":7}"#).unwrap()
+        );
+        // every part is required
+        assert!(matches!(
+            s.extract(&h(&[("x-a", "e")]), br#"{"id":7}"#),
+            Err(KeyError::Missing(_))
+        ));
+        assert_eq!(s.headers().len(), 2);
+        let long = "k".repeat(200);
+        assert!(matches!(
+            s.extract(&h(&[("x-a", &long), ("x-b", &long)]), br#"{"id":7}"#),
             Err(KeyError::Invalid(_))
         ));
     }

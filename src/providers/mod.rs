@@ -5,8 +5,14 @@
 //! signed). `build_route` expands the preset once, at start, into a `Route` whose
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
+pub mod alipay;
+pub mod hmac_scheme;
 pub mod keys;
+pub mod rsa_key;
 pub mod standard;
+pub mod stripe;
+pub mod twilio;
+pub mod wechatpay;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +39,19 @@ pub enum Rejection {
 pub trait Verifier: Send + Sync {
     /// `now` is the current Unix time in seconds.
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection>;
+
+    /// Like `verify`, for schemes that also sign the request's query (Twilio signs
+    /// the URL it posted to). `query` is the request's query string, if any.
+    fn verify_request(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        body: &[u8],
+        now: i64,
+    ) -> Result<(), Rejection> {
+        let _ = query;
+        self.verify(headers, body, now)
+    }
 }
 
 /// A configuration problem found while building a route, relative to the route.
@@ -59,6 +78,86 @@ pub fn fingerprint_body(body: &[u8]) -> Fingerprint {
     Sha256::digest(body).into()
 }
 
+/// What a preset's payload fingerprint covers. The body by default; presets whose
+/// retries may legitimately change bytes of a signed body fingerprint the fields that
+/// identify the event instead (SPEC: a retry must never be answered 422).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FingerprintRule {
+    Body,
+    /// Alipay: the form fields except `sign`, `sign_type` and `notify_time`, which a
+    /// re-sent notification may change.
+    AlipayFields,
+    /// WeChat Pay: these JSON fields (the encrypted resource may be re-encrypted).
+    JsonFields(&'static [&'static str]),
+}
+
+impl FingerprintRule {
+    pub fn fingerprint(self, body: &[u8]) -> Fingerprint {
+        match self {
+            FingerprintRule::Body => fingerprint_body(body),
+            FingerprintRule::AlipayFields => alipay::stable_fingerprint(body),
+            FingerprintRule::JsonFields(pointers) => {
+                let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else {
+                    return fingerprint_body(body);
+                };
+                let mut h = Sha256::new();
+                for p in pointers {
+                    let v = doc.pointer(p).cloned().unwrap_or(serde_json::Value::Null);
+                    h.update(p.as_bytes());
+                    h.update(b"=");
+                    h.update(v.to_string().as_bytes());
+                    h.update(b"\n");
+                }
+                h.finalize().into()
+            }
+        }
+    }
+}
+
+/// Which of the application's answers completes a delivery (and is replayed to every
+/// copy); any other answer releases the claim so the provider's retry is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuccessRule {
+    /// Any 2xx.
+    Any2xx,
+    /// Alipay: a 2xx whose body is literally `success`. Alipay retries anything else,
+    /// so storing a 200 `fail` would answer every retry with `fail`, forever, while the
+    /// application never saw them.
+    AlipaySuccessBody,
+}
+
+impl SuccessRule {
+    pub fn completes(self, status: http::StatusCode, body: &[u8]) -> bool {
+        match self {
+            SuccessRule::Any2xx => status.is_success(),
+            SuccessRule::AlipaySuccessBody => {
+                status.is_success() && body.trim_ascii() == b"success"
+            }
+        }
+    }
+}
+
+/// Which key a delivery is claimed under in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKey {
+    /// The delivery's idempotency key (it is signed, or the route chose so).
+    Delivery,
+    /// `sha256:<hex of the body>`: the key source reads a header the provider does not
+    /// sign, so a captured request replayed under a fresh key must still be caught.
+    /// The delivery key is still required, logged and sent upstream.
+    Content,
+}
+
+/// What the pure half found out about an authentic delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The key the store claims (see `ClaimKey`).
+    pub claim_key: String,
+    /// The delivery's own idempotency key, as its key source read it.
+    pub delivery_key: String,
+    pub fingerprint: Fingerprint,
+}
+
 /// A route, built once from its configuration.
 pub struct Route {
     pub name: Arc<str>,
@@ -66,6 +165,13 @@ pub struct Route {
     pub upstream_path: Option<String>,
     pub verifier: Box<dyn Verifier>,
     pub key: KeySource,
+    pub fingerprint: FingerprintRule,
+    pub claim_key: ClaimKey,
+    pub success: SuccessRule,
+    /// For `ClaimKey::Content`: headers hashed with the body, because one body may
+    /// legitimately arrive as several events (Shopify sends one order JSON as
+    /// `orders/create` and `orders/paid`).
+    content_scope: &'static [&'static str],
     tolerance: Option<Duration>,
     /// `"{name}:"`, the prefix of the `idempotency-key` header sent upstream.
     key_header_prefix: String,
@@ -90,14 +196,51 @@ impl Route {
     pub fn identify(
         &self,
         headers: &HeaderMap,
+        query: Option<&str>,
         body: &Bytes,
         now: i64,
-    ) -> Result<(String, Fingerprint), Refusal> {
+    ) -> Result<Identity, Refusal> {
         self.verifier
-            .verify(headers, body, now)
+            .verify_request(headers, query, body, now)
             .map_err(Refusal::Signature)?;
-        let key = self.key.extract(headers, body).map_err(Refusal::Key)?;
-        Ok((key, fingerprint_body(body)))
+        let delivery_key = self.key.extract(headers, body).map_err(Refusal::Key)?;
+        Ok(match self.claim_key {
+            ClaimKey::Delivery => Identity {
+                claim_key: delivery_key.clone(),
+                delivery_key,
+                fingerprint: self.fingerprint.fingerprint(body),
+            },
+            ClaimKey::Content => {
+                let fingerprint = self.content_hash(headers, body);
+                Identity {
+                    claim_key: format!("sha256:{}", hex::encode(fingerprint)),
+                    delivery_key,
+                    fingerprint,
+                }
+            }
+        })
+    }
+}
+
+impl Route {
+    /// The body's SHA-256, or, with a content scope, SHA-256 over each scope header's
+    /// `name:value\n`, a blank line, then the body.
+    fn content_hash(&self, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
+        if self.content_scope.is_empty() {
+            return fingerprint_body(body);
+        }
+        let mut h = Sha256::new();
+        for name in self.content_scope {
+            h.update(name.as_bytes());
+            h.update(b":");
+            if let Some(v) = headers.get(*name) {
+                h.update(v.as_bytes());
+            }
+            h.update(b"\n");
+        }
+        h.update(b"\n");
+        h.update(body);
+        h.finalize().into()
     }
 }
 
@@ -121,55 +264,414 @@ pub const PROVIDERS: &[&str] = &[
     "custom",
 ];
 
+/// What a preset expands to, before the route's overrides.
+struct Preset {
+    verifier: Box<dyn Verifier>,
+    default_key: Option<&'static str>,
+    /// The timestamp window, for presets that sign a timestamp.
+    tolerance: Option<Duration>,
+    /// Headers the scheme signs: a key read from any other header is unsigned.
+    signed_headers: &'static [&'static str],
+    fingerprint: FingerprintRule,
+    /// Headers hashed with the body when the claim key is the content.
+    content_scope: &'static [&'static str],
+}
+
+/// The provider-specific fields (`CustomFields`) each preset reads; any other one set
+/// on a route is an error naming it.
+fn fields_used(provider: &str) -> &'static [&'static str] {
+    match provider {
+        "custom" => &[
+            "signature_header",
+            "hash",
+            "encoding",
+            "prefix",
+            "timestamp_header",
+            "signed",
+        ],
+        "twilio" => &["public_url"],
+        _ => &[],
+    }
+}
+
+const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+
 /// Expands a route's preset into a `Route`. Errors name the field within the route.
 pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldError> {
     let _ = config;
-    let default_tolerance = Duration::from_secs(300);
-    let (verifier, default_key, tolerance): (Box<dyn Verifier>, &str, Option<Duration>) =
-        match cfg.provider.as_str() {
-            "standard" => {
-                let tolerance = cfg.tolerance.unwrap_or(default_tolerance);
-                let v = standard::StandardWebhooks::new(&cfg.secrets, tolerance)?;
-                (Box::new(v), "header:webhook-id", Some(tolerance))
-            }
-            other if PROVIDERS.contains(&other) => {
-                return Err(FieldError::new(
-                    "provider",
-                    format!("the `{other}` preset is not available in this build yet"),
-                ));
-            }
-            other => {
-                return Err(FieldError::new(
-                    "provider",
-                    format!("`{other}` is not one of: {}", PROVIDERS.join(", ")),
-                ));
-            }
-        };
+    if !PROVIDERS.contains(&cfg.provider.as_str()) {
+        return Err(FieldError::new(
+            "provider",
+            format!("`{}` is not one of: {}", cfg.provider, PROVIDERS.join(", ")),
+        ));
+    }
+    let c = &cfg.custom;
+    let used = fields_used(&cfg.provider);
     for (field, set) in [
-        ("signature_header", cfg.custom.signature_header.is_some()),
-        ("hash", cfg.custom.hash.is_some()),
-        ("encoding", cfg.custom.encoding.is_some()),
-        ("prefix", cfg.custom.prefix.is_some()),
-        ("timestamp_header", cfg.custom.timestamp_header.is_some()),
-        ("signed", cfg.custom.signed.is_some()),
-        ("public_url", cfg.custom.public_url.is_some()),
+        ("signature_header", c.signature_header.is_some()),
+        ("hash", c.hash.is_some()),
+        ("encoding", c.encoding.is_some()),
+        ("prefix", c.prefix.is_some()),
+        ("timestamp_header", c.timestamp_header.is_some()),
+        ("signed", c.signed.is_some()),
+        ("public_url", c.public_url.is_some()),
     ] {
-        if set {
+        if set && !used.contains(&field) {
             return Err(FieldError::new(
                 field,
                 format!("is not used by the `{}` provider", cfg.provider),
             ));
         }
     }
-    let key_text = cfg.key.as_deref().unwrap_or(default_key);
+    // Presets that sign a timestamp take `tolerance` (default 5m); the others refuse
+    // it, since a window they cannot check would only pretend to protect.
+    let signs_timestamp = match cfg.provider.as_str() {
+        "standard" | "stripe" | "slack" | "wechatpay" => true,
+        "custom" => c.timestamp_header.is_some(),
+        _ => false,
+    };
+    let tolerance = match (signs_timestamp, cfg.tolerance) {
+        (true, t) => Some(t.unwrap_or(DEFAULT_TOLERANCE)),
+        (false, None) => None,
+        (false, Some(_)) => {
+            let why = if cfg.provider == "custom" {
+                "is only used with timestamp_header: without it nothing signs a timestamp"
+                    .to_string()
+            } else {
+                format!(
+                    "the `{}` provider signs no timestamp, so there is no window to check",
+                    cfg.provider
+                )
+            };
+            return Err(FieldError::new("tolerance", why));
+        }
+    };
+    let tol = tolerance.unwrap_or(DEFAULT_TOLERANCE);
+    let s = &cfg.secrets;
+    let preset = match cfg.provider.as_str() {
+        "standard" => Preset {
+            verifier: Box::new(standard::StandardWebhooks::new(s, tol)?),
+            default_key: Some("header:webhook-id"),
+            tolerance,
+            signed_headers: &["webhook-id", "webhook-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+        },
+        "github" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
+            default_key: Some("header:X-GitHub-Delivery"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+        },
+        "stripe" => Preset {
+            verifier: Box::new(stripe::Stripe::new(s, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+        },
+        "shopify" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
+            default_key: Some(
+                "header:X-Shopify-Event-Id+header:X-Shopify-Topic+header:X-Shopify-Shop-Domain",
+            ),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
+        },
+        "slack" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
+            default_key: Some("json:/event_id"),
+            tolerance,
+            signed_headers: &["x-slack-request-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+        },
+        "alipay" => Preset {
+            verifier: Box::new(alipay::Alipay::new(s)?),
+            default_key: Some("form:notify_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::AlipayFields,
+            content_scope: &[],
+        },
+        "wechatpay" => Preset {
+            verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &["wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"],
+            fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
+            content_scope: &[],
+        },
+        "twilio" => Preset {
+            verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
+            default_key: Some("header:I-Twilio-Idempotency-Token"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+        },
+        "custom" => {
+            let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
+            let signed_headers: &'static [&'static str] = &[];
+            Preset {
+                verifier: Box::new(v),
+                default_key: None,
+                tolerance,
+                signed_headers,
+                fingerprint: FingerprintRule::Body,
+                content_scope: &[],
+            }
+        }
+        other => unreachable!("`{other}` was checked against PROVIDERS above"),
+    };
+    let key_text = match (&cfg.key, preset.default_key) {
+        (Some(k), _) => k.as_str(),
+        (None, Some(k)) => k,
+        (None, None) => {
+            return Err(FieldError::new(
+                "key",
+                format!(
+                    "is required for `{}` routes (header:NAME, json:/pointer, form:FIELD, or several joined with +)",
+                    cfg.provider
+                ),
+            ));
+        }
+    };
     let key = KeySource::parse(key_text).map_err(|m| FieldError::new("key", m))?;
+    let custom_ts = c.timestamp_header.as_deref().map(str::to_ascii_lowercase);
+    let unsigned_header = key.headers().into_iter().any(|h| {
+        !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())
+    });
     Ok(Route {
         name: Arc::from(cfg.name.as_str()),
         path: cfg.path.clone(),
         upstream_path: cfg.upstream_path.clone(),
-        verifier,
+        verifier: preset.verifier,
         key,
-        tolerance,
+        fingerprint: preset.fingerprint,
+        claim_key: if unsigned_header {
+            ClaimKey::Content
+        } else {
+            ClaimKey::Delivery
+        },
+        content_scope: preset.content_scope,
+        success: if cfg.provider == "alipay" {
+            SuccessRule::AlipaySuccessBody
+        } else {
+            SuccessRule::Any2xx
+        },
+        tolerance: preset.tolerance,
         key_header_prefix: format!("{}:", cfg.name),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn route(provider_lines: &str) -> Result<Config, crate::config::ConfigError> {
+        let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{provider_lines}\n");
+        Config::from_toml_with_env(&text, |_| None)
+    }
+
+    fn field(provider_lines: &str) -> String {
+        route(provider_lines).unwrap_err().field
+    }
+
+    fn built(provider_lines: &str) -> Route {
+        let c = route(provider_lines).unwrap();
+        build_route(&c.routes[0], &c).unwrap()
+    }
+
+    #[test]
+    fn tolerance_only_where_a_timestamp_is_signed() {
+        for p in ["github", "shopify"] {
+            assert_eq!(
+                field(&format!(
+                    "provider = \"{p}\"\nsecrets = [\"s\"]\ntolerance = \"1m\""
+                )),
+                "route[0].tolerance"
+            );
+        }
+        assert_eq!(
+            field(
+                "provider = \"twilio\"\nsecrets = [\"s\"]\npublic_url = \"https://x/y\"\ntolerance = \"1m\""
+            ),
+            "route[0].tolerance"
+        );
+        assert_eq!(
+            field(
+                "provider = \"custom\"\nsecrets = [\"s\"]\nsignature_header = \"X-Sig\"\nkey = \"header:X-Id\"\ntolerance = \"1m\""
+            ),
+            "route[0].tolerance"
+        );
+        for p in ["stripe", "slack"] {
+            let r = built(&format!("provider = \"{p}\"\nsecrets = [\"s\"]"));
+            assert_eq!(r.tolerance(), Some(Duration::from_secs(300)));
+            let r = built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"s\"]\ntolerance = \"1m\""
+            ));
+            assert_eq!(r.tolerance(), Some(Duration::from_secs(60)));
+        }
+        let r = built(
+            "provider = \"custom\"\nsecrets = [\"s\"]\nsignature_header = \"X-Sig\"\ntimestamp_header = \"X-Ts\"\nkey = \"header:X-Id\"",
+        );
+        assert_eq!(r.tolerance(), Some(Duration::from_secs(300)));
+        assert_eq!(r.claim_key, ClaimKey::Content);
+    }
+
+    #[test]
+    fn fields_a_provider_does_not_use_are_errors() {
+        assert_eq!(
+            field("provider = \"github\"\nsecrets = [\"s\"]\nsignature_header = \"X\""),
+            "route[0].signature_header"
+        );
+        assert_eq!(
+            field("provider = \"stripe\"\nsecrets = [\"s\"]\npublic_url = \"https://x/\""),
+            "route[0].public_url"
+        );
+        assert_eq!(
+            field(
+                "provider = \"twilio\"\nsecrets = [\"s\"]\npublic_url = \"https://x/\"\nhash = \"sha1\""
+            ),
+            "route[0].hash"
+        );
+        assert_eq!(
+            field(
+                "provider = \"custom\"\nsecrets = [\"s\"]\nsignature_header = \"X\"\nkey = \"header:X-Id\"\npublic_url = \"https://x/\""
+            ),
+            "route[0].public_url"
+        );
+        // required fields
+        assert_eq!(
+            field("provider = \"twilio\"\nsecrets = [\"s\"]"),
+            "route[0].public_url"
+        );
+        assert_eq!(
+            field("provider = \"custom\"\nsecrets = [\"s\"]\nkey = \"header:X-Id\""),
+            "route[0].signature_header"
+        );
+        assert_eq!(
+            field("provider = \"custom\"\nsecrets = [\"s\"]\nsignature_header = \"X\""),
+            "route[0].key"
+        );
+        assert_eq!(
+            field("provider = \"alipay\"\nsecrets = [\"not a key\"]"),
+            "route[0].secrets[0]"
+        );
+        assert_eq!(
+            field("provider = \"wechatpay\"\nsecrets = [\"PUB_KEY_ID_1=nonsense\"]"),
+            "route[0].secrets[0]"
+        );
+    }
+
+    #[test]
+    fn unsigned_keys_claim_the_content() {
+        let gh = built("provider = \"github\"\nsecrets = [\"s\"]");
+        assert_eq!(gh.claim_key, ClaimKey::Content);
+        let shop = built("provider = \"shopify\"\nsecrets = [\"s\"]");
+        assert_eq!(shop.claim_key, ClaimKey::Content);
+        let tw = built("provider = \"twilio\"\nsecrets = [\"s\"]\npublic_url = \"https://x/y\"");
+        assert_eq!(tw.claim_key, ClaimKey::Content);
+        for p in ["stripe", "slack"] {
+            let r = built(&format!("provider = \"{p}\"\nsecrets = [\"s\"]"));
+            assert_eq!(r.claim_key, ClaimKey::Delivery, "{p}");
+        }
+        // a signed key chosen for GitHub: the delivery key is claimed
+        let gh_json = built("provider = \"github\"\nsecrets = [\"s\"]\nkey = \"json:/hook_id\"");
+        assert_eq!(gh_json.claim_key, ClaimKey::Delivery);
+        // an unsigned header chosen for Stripe: the content is claimed
+        let st = built("provider = \"stripe\"\nsecrets = [\"s\"]\nkey = \"header:X-Request-Id\"");
+        assert_eq!(st.claim_key, ClaimKey::Content);
+    }
+
+    #[test]
+    fn a_github_delivery_is_claimed_by_its_body_and_forwarded_with_its_id() {
+        let v: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/provider_vectors.json"))
+                .unwrap();
+        let g = &v["GITHUB"];
+        let secret = g["secret"].as_str().unwrap();
+        let r = built(&format!("provider = \"github\"\nsecrets = [\"{secret}\"]"));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-hub-signature-256",
+            HeaderValue::from_str(g["signature"].as_str().unwrap()).unwrap(),
+        );
+        let body = Bytes::from(g["body"].as_str().unwrap().to_string());
+        // the delivery ID is still required
+        assert!(matches!(
+            r.identify(&h, None, &body, 0),
+            Err(Refusal::Key(KeyError::Missing(_)))
+        ));
+        h.insert("x-github-delivery", HeaderValue::from_static("d-1"));
+        let a = r.identify(&h, None, &body, 0).unwrap();
+        h.insert("x-github-delivery", HeaderValue::from_static("d-2"));
+        let b = r.identify(&h, None, &body, 0).unwrap();
+        assert_eq!(a.claim_key, b.claim_key);
+        assert_eq!(
+            a.claim_key,
+            format!("sha256:{}", hex::encode(fingerprint_body(&body)))
+        );
+        assert_eq!(
+            (a.delivery_key.as_str(), b.delivery_key.as_str()),
+            ("d-1", "d-2")
+        );
+    }
+
+    #[test]
+    fn alipay_completes_only_on_the_literal_success() {
+        use http::StatusCode;
+        let a = SuccessRule::AlipaySuccessBody;
+        assert!(a.completes(StatusCode::OK, b"success"));
+        assert!(a.completes(StatusCode::OK, b"success\n"));
+        assert!(!a.completes(StatusCode::OK, b"fail"));
+        assert!(!a.completes(StatusCode::OK, b""));
+        assert!(!a.completes(StatusCode::INTERNAL_SERVER_ERROR, b"success"));
+        assert!(SuccessRule::Any2xx.completes(StatusCode::NO_CONTENT, b""));
+        assert!(!SuccessRule::Any2xx.completes(StatusCode::BAD_GATEWAY, b""));
+    }
+
+    #[test]
+    fn shopify_keys_are_composite() {
+        let r = built("provider = \"shopify\"\nsecrets = [\"s\"]");
+        let mut h = HeaderMap::new();
+        h.insert("x-shopify-event-id", HeaderValue::from_static("e1"));
+        h.insert("x-shopify-topic", HeaderValue::from_static("orders/create"));
+        h.insert(
+            "x-shopify-shop-domain",
+            HeaderValue::from_static("s.myshopify.com"),
+        );
+        assert_eq!(
+            r.key.extract(&h, b"{}").unwrap(),
+            "e1:orders/create:s.myshopify.com"
+        );
+    }
+
+    #[test]
+    fn shopify_content_keys_are_scoped_by_topic_and_shop() {
+        let sig = "plW8VGqq0nDMIEhDqaNNW99asdUCy7EIqLZVcQwtAZ0=";
+        let r = built("provider = \"shopify\"\nsecrets = [\"shop-secret\"]");
+        let body = Bytes::from_static(b"{\"id\":1}");
+        let claim = |event: &'static str, topic: &'static str, shop: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-shopify-hmac-sha256", HeaderValue::from_static(sig));
+            h.insert("x-shopify-event-id", HeaderValue::from_static(event));
+            h.insert("x-shopify-topic", HeaderValue::from_static(topic));
+            h.insert("x-shopify-shop-domain", HeaderValue::from_static(shop));
+            r.identify(&h, None, &body, 0).unwrap().claim_key
+        };
+        let first = claim("e1", "orders/create", "a.myshopify.com");
+        // a replay under a new event ID is the same claim
+        assert_eq!(first, claim("e2", "orders/create", "a.myshopify.com"));
+        // the same order JSON as another topic, or from another shop, is another event
+        assert_ne!(first, claim("e3", "orders/paid", "a.myshopify.com"));
+        assert_ne!(first, claim("e4", "orders/create", "b.myshopify.com"));
+    }
 }

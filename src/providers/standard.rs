@@ -183,6 +183,7 @@ mod tests {
         Secret {
             source: s.to_string(),
             value: s.as_bytes().to_vec(),
+            id: None,
         }
     }
 
