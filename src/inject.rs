@@ -15,6 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod emit;
+
 use serde::Deserialize;
 use serde_norway::{Mapping, Value};
 
@@ -200,10 +202,8 @@ pub fn inject(input: &str, args: &InjectArgs) -> Result<Injected, InjectError> {
         if i > 0 {
             yaml.push_str("---\n");
         }
-        let text = serde_norway::to_string(value).map_err(|e| InjectError::Yaml {
-            doc: *doc,
-            message: e.to_string(),
-        })?;
+        let text =
+            emit::document(value).map_err(|message| InjectError::Yaml { doc: *doc, message })?;
         yaml.push_str(&text);
     }
     Ok(out.with_yaml(yaml))
@@ -409,17 +409,15 @@ fn pick_port(
         }
         return Ok(p);
     }
-    let mut p = default;
-    while let Some(who) = taken.get(&p) {
-        p = p
-            .checked_add(1)
-            .ok_or_else(|| format!("no free port above {default}: pass {flag}"))?;
-        if !taken.contains_key(&p) {
-            notes.push(format!(
-                "{object}: port {default} is taken by {who}; idemgate uses {p} (set {flag} to choose)"
-            ));
-        }
-    }
+    let Some(owner) = taken.get(&default) else {
+        return Ok(default);
+    };
+    let p = (default..=u16::MAX)
+        .find(|p| !taken.contains_key(p))
+        .ok_or_else(|| format!("no free port above {default}: pass {flag}"))?;
+    notes.push(format!(
+        "{object}: port {default} is taken by {owner}; idemgate uses {p} (set {flag} to choose)"
+    ));
     Ok(p)
 }
 
