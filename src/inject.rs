@@ -574,14 +574,14 @@ fn inject_pod(
         .entry(upstream)
         .or_insert_with(|| format!("{upstream} (the upstream port)"));
     for d in declared_ports(spec, &["containers", "initContainers"]) {
-        if let Some(n) = &d.name {
-            if n == WEBHOOKS_PORT_NAME || n == ADMIN_PORT_NAME {
-                return Err(format!(
-                    "the pod already declares a port named `{n}` ({}); idemgate's ports are named \
-                     `{WEBHOOKS_PORT_NAME}` and `{ADMIN_PORT_NAME}`: rename that port",
-                    describe(&d)
-                ));
-            }
+        if let Some(n) = &d.name
+            && (n == WEBHOOKS_PORT_NAME || n == ADMIN_PORT_NAME)
+        {
+            return Err(format!(
+                "the pod already declares a port named `{n}` ({}); idemgate's ports are named \
+                 `{WEBHOOKS_PORT_NAME}` and `{ADMIN_PORT_NAME}`: rename that port",
+                describe(&d)
+            ));
         }
     }
     let webhooks = pick_port(
@@ -604,12 +604,12 @@ fn inject_pod(
 
     // Volumes: refuse to shadow a volume of the same name that is not ours.
     for v in containers_of(spec, "volumes") {
-        if let Some(n) = str_of(v, "name") {
-            if n == CONFIG_VOLUME || n == SECRETS_VOLUME {
-                return Err(format!(
-                    "the pod already has a volume named `{n}` but no idemgate container"
-                ));
-            }
+        if let Some(n) = str_of(v, "name")
+            && (n == CONFIG_VOLUME || n == SECRETS_VOLUME)
+        {
+            return Err(format!(
+                "the pod already has a volume named `{n}` but no idemgate container"
+            ));
         }
     }
 
@@ -718,6 +718,28 @@ spec:
         };
         let e = inject(&input, &args).unwrap_err().to_string();
         assert!(e.contains("--webhooks-port 8080 clashes"), "{e}");
+    }
+
+    #[test]
+    fn a_port_or_volume_named_like_idemgate_s_is_refused() {
+        let input = DEPLOY.replace(
+            "- containerPort: 3000",
+            "- containerPort: 3000\n          name: admin",
+        );
+        let e = inject(&input, &InjectArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already declares a port named `admin`"), "{e}");
+        let input = format!(
+            "{DEPLOY}      volumes:\n      - name: idemgate-config\n        emptyDir: {{}}\n"
+        );
+        let e = inject(&input, &InjectArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("already has a volume named `idemgate-config`"),
+            "{e}"
+        );
     }
 
     #[test]
