@@ -7,6 +7,7 @@ pub mod admin;
 pub mod config;
 pub mod demo;
 pub mod gate;
+pub mod inject;
 pub mod metrics;
 pub mod providers;
 pub mod server;

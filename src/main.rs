@@ -26,6 +26,8 @@ enum Command {
     CheckConfig,
     /// A self-contained tour on the in-memory store.
     Demo,
+    /// Add the idemgate sidecar to Kubernetes YAML (file or stdin) and print it.
+    Inject(idemgate::inject::InjectArgs),
 }
 
 fn init_logging(default: &str) -> Result<(), String> {
@@ -56,6 +58,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
+        Command::Inject(args) => idemgate::inject::main(args),
         Command::CheckConfig => match Config::load(cli.config.as_deref()) {
             Ok(config) => {
                 print!("{}", config.redacted_toml());
