@@ -70,6 +70,7 @@ fn verification(c: &mut Criterion) {
         &[Secret {
             source: SECRET.into(),
             value: SECRET.as_bytes().to_vec(),
+            id: None,
         }],
         Duration::from_secs(300),
     )
@@ -319,5 +320,101 @@ fn whole_delivery(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, verification, stores, whole_delivery);
+fn secret(value: &str) -> Secret {
+    Secret {
+        source: "bench".into(),
+        value: value.as_bytes().to_vec(),
+        id: None,
+    }
+}
+
+fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.insert(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    h
+}
+
+/// Each provider scheme on its published vector (tests/fixtures/provider_vectors.json).
+fn provider_schemes(c: &mut Criterion) {
+    use idemgate::providers::{
+        alipay::Alipay, hmac_scheme::HmacScheme, stripe::Stripe, wechatpay::WechatPay,
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(include_str!("../tests/fixtures/provider_vectors.json")).unwrap();
+    let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap().to_string();
+    let n = |p: &str| v.pointer(p).and_then(|x| x.as_i64()).unwrap();
+    let tol = Duration::from_secs(300);
+    let mut g = c.benchmark_group("verify_provider_vector");
+
+    let gh = HmacScheme::github(&[secret(&s("/GITHUB/secret"))]).unwrap();
+    let h = header_map(&[("x-hub-signature-256", &s("/GITHUB/signature"))]);
+    let body = s("/GITHUB/body");
+    g.bench_function("github", |b| {
+        b.iter(|| gh.verify(&h, body.as_bytes(), 0).unwrap())
+    });
+
+    let st = Stripe::new(&[secret(&s("/STRIPE/secret"))], tol).unwrap();
+    let h = header_map(&[("stripe-signature", &s("/STRIPE/header"))]);
+    let body = s("/STRIPE/body");
+    let ts = n("/STRIPE/timestamp");
+    g.bench_function("stripe", |b| {
+        b.iter(|| st.verify(&h, body.as_bytes(), ts).unwrap())
+    });
+
+    let sh = HmacScheme::shopify(&[secret(&s("/SHOPIFY/secret"))]).unwrap();
+    let h = header_map(&[("x-shopify-hmac-sha256", &s("/SHOPIFY/signature"))]);
+    let body = s("/SHOPIFY/body");
+    g.bench_function("shopify", |b| {
+        b.iter(|| sh.verify(&h, body.as_bytes(), 0).unwrap())
+    });
+
+    let sl = HmacScheme::slack(&[secret(&s("/SLACK/secret"))], tol).unwrap();
+    let ts = n("/SLACK/timestamp");
+    let h = header_map(&[
+        ("x-slack-signature", &s("/SLACK/signature")),
+        ("x-slack-request-timestamp", &ts.to_string()),
+    ]);
+    let body = s("/SLACK/body");
+    g.bench_function("slack", |b| {
+        b.iter(|| sl.verify(&h, body.as_bytes(), ts).unwrap())
+    });
+
+    let al = Alipay::new(&[secret(&s("/ALIPAY_TRADE_PUBLIC_KEY_B64"))]).unwrap();
+    let mut form = form_urlencoded::Serializer::new(String::new());
+    for pair in v["ALIPAY_TRADE_NOTIFY"].as_array().unwrap() {
+        form.append_pair(pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
+    }
+    let body = form.finish();
+    let empty = HeaderMap::new();
+    g.bench_function("alipay_rsa2", |b| {
+        b.iter(|| al.verify(&empty, body.as_bytes(), 0).unwrap())
+    });
+
+    let wx = WechatPay::new(&[secret(&s("/WECHATPAY_CERT_PEM"))], tol).unwrap();
+    let ts: i64 = s("/WECHATPAY_NOTIFY/timestamp").parse().unwrap();
+    let h = header_map(&[
+        ("wechatpay-serial", &s("/WECHATPAY_NOTIFY/serial")),
+        ("wechatpay-timestamp", &ts.to_string()),
+        ("wechatpay-nonce", &s("/WECHATPAY_NOTIFY/nonce")),
+        ("wechatpay-signature", &s("/WECHATPAY_NOTIFY/signature")),
+    ]);
+    let body = s("/WECHATPAY_NOTIFY/body");
+    g.bench_function("wechatpay_rsa", |b| {
+        b.iter(|| wx.verify(&h, body.as_bytes(), ts).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    verification,
+    provider_schemes,
+    stores,
+    whole_delivery
+);
 criterion_main!(benches);

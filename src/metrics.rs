@@ -3,8 +3,8 @@
 //! with no label lookup or allocation.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// What became of a delivery; the `outcome` label of `idemgate_requests_total`.
@@ -176,7 +176,7 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
-        let build_info = IntCounterVec::new(
+        let build_info = IntGaugeVec::new(
             Opts::new(
                 "idemgate_build_info",
                 "Build information; the value is always 1.",
@@ -186,7 +186,7 @@ impl Metrics {
         .expect("valid metric");
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .inc();
+            .set(1);
 
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,

@@ -26,8 +26,13 @@ fn main() {
     let url = args[1].clone();
     let rate: u64 = args[2].parse().expect("RATE");
     let seconds: u64 = args[3].parse().expect("SECONDS");
-    let key = B64.decode(args[4].trim_start_matches("whsec_")).expect("whsec_ secret");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let key = B64
+        .decode(args[4].trim_start_matches("whsec_"))
+        .expect("whsec_ secret");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(run(url, rate, seconds, key));
 }
 
@@ -35,8 +40,14 @@ async fn run(url: String, rate: u64, seconds: u64, key: Vec<u8>) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
-    let body = Bytes::from(format!("{{\"type\":\"payment.succeeded\",\"pad\":\"{}\"}}", "x".repeat(990)));
-    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let body = Bytes::from(format!(
+        "{{\"type\":\"payment.succeeded\",\"pad\":\"{}\"}}",
+        "x".repeat(990)
+    ));
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let samples: Arc<Mutex<Vec<(u64, bool)>>> = Arc::default();
     let total = rate * seconds;
     let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate.max(1)));
@@ -59,7 +70,8 @@ async fn run(url: String, rate: u64, seconds: u64, key: Vec<u8>) {
         let client = client.clone();
         let samples = samples.clone();
         tasks.spawn(async move {
-            let ok = match tokio::time::timeout(Duration::from_secs(10), client.request(req)).await {
+            let ok = match tokio::time::timeout(Duration::from_secs(10), client.request(req)).await
+            {
                 Ok(Ok(resp)) => {
                     let ok = resp.status().is_success();
                     let _ = resp.into_body().collect().await;
@@ -76,7 +88,11 @@ async fn run(url: String, rate: u64, seconds: u64, key: Vec<u8>) {
     let mut s = samples.lock().unwrap().clone();
     let non2xx = s.iter().filter(|(_, ok)| !ok).count();
     s.sort_unstable();
-    let pct = |p: f64| s.get(((s.len() as f64 * p) as usize).min(s.len().saturating_sub(1))).map(|x| x.0).unwrap_or(0);
+    let pct = |p: f64| {
+        s.get(((s.len() as f64 * p) as usize).min(s.len().saturating_sub(1)))
+            .map(|x| x.0)
+            .unwrap_or(0)
+    };
     println!(
         "RESULT requests={} non2xx={} p50_us={} p99_us={} max_us={}",
         s.len(),
