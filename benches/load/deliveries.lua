@@ -11,7 +11,16 @@ function setup(thread)
 end
 
 function init(args)
-  dofile(dir .. "/data_" .. tid .. ".lua")
+  entries = {}
+  ts = nil
+  for line in io.lines(dir .. "/data_" .. tid .. ".txt") do
+    if ts == nil then
+      ts = line
+    else
+      local id, sig = line:match("^(%S+) (%S+)$")
+      entries[#entries + 1] = { id, sig }
+    end
+  end
   local f = io.open(dir .. "/body.txt", "rb")
   body = f:read("*a")
   f:close()

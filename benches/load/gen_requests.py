@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes wrk's request data: per wrk thread, a Lua file with signed Standard Webhooks
+"""Writes wrk's request data: per wrk thread, a text file of signed Standard Webhooks
 deliveries (ids and `v1` signatures over `{id}.{ts}.{body}`), a chosen share of which
 repeat an id that the same thread sent at least 200 requests earlier (so the copy
 finds it completed: a duplicate, not an in-flight 409).
@@ -27,9 +27,9 @@ for t in range(threads):
         else:
             seq.append(f"msg_{ts}_{t}_{fresh}")
             fresh += 1
-    with open(os.path.join(out, f"data_{t}.lua"), "w") as f:
-        f.write(f"ts = \"{ts}\"\nentries = {{\n")
+    # One "id signature" line per request; the first line is the timestamp.
+    with open(os.path.join(out, f"data_{t}.txt"), "w") as f:
+        f.write(f"{ts}\n")
         for mid in seq:
             sig = base64.b64encode(hmac.new(key, f"{mid}.{ts}.".encode() + body, hashlib.sha256).digest()).decode()
-            f.write(f'{{"{mid}","v1,{sig}"}},\n')
-        f.write("}\n")
+            f.write(f"{mid} v1,{sig}\n")
