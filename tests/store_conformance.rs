@@ -457,3 +457,27 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
     }
     assert_eq!(used.len(), 3, "30 deliveries all on {used:?}");
 }
+
+/// With `min_replicas_ack`, a claim that no replica confirmed is a store error (the
+/// sidecar answers 503) and its lock is released so the provider's retry is forwarded;
+/// a completion no replica confirmed is an error too (counted as lease lost).
+#[tokio::test]
+async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
+    let server = RedisServer::start_new(); // no replicas at all
+    let plain = RedisStore::new(&server.url(), "acks", LONG, Duration::from_secs(1)).unwrap();
+    let acked = plain
+        .clone()
+        .with_replica_acks(1, Duration::from_millis(50));
+    let k = key("evt_acks");
+    let e = acked.claim(&k, &fp("a")).await.unwrap_err();
+    assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
+    // the background release frees the key for the provider's retry
+    let t = claim_eventually(&plain, &k, &fp("a"), Duration::from_secs(5)).await;
+    let e = acked.complete(&k, t, &response(b"ok")).await.unwrap_err();
+    assert!(e.to_string().contains("completion reached 0 of 1"), "{e}");
+    // Copies (not claims) are answered as usual.
+    assert_eq!(
+        acked.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"ok"))
+    );
+}

@@ -42,6 +42,22 @@ impl Node {
         }
     }
 
+    /// A standalone `redis-server` (no persistence), started.
+    pub fn standalone() -> Node {
+        let mut n = Node::new(
+            ["--save", "", "--appendonly", "no"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        );
+        n.start();
+        n
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
     /// Starts (or restarts, on the same port and directory) and waits for PING.
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "node {} already running", self.port);
