@@ -58,6 +58,8 @@ struct RawStore {
     key_prefix: Option<String>,
     timeout: Option<String>,
     on_error: Option<String>,
+    min_replicas_ack: Option<u32>,
+    replicas_ack_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +127,11 @@ pub struct StoreConfig {
     pub key_prefix: String,
     pub timeout: Duration,
     pub on_error: OnStoreError,
+    /// Replicas that must confirm a claim or completion (`WAIT`) before it counts;
+    /// 0 = off (Redis's asynchronous replication as it is).
+    pub min_replicas_ack: u32,
+    /// How long a claim or completion waits for those replicas.
+    pub replicas_ack_timeout: Duration,
 }
 
 /// What a delivery gets when the store cannot be reached.
@@ -292,6 +299,12 @@ impl Config {
             OnStoreError::Pass => "pass",
         };
         let _ = writeln!(out, "on_error = {}", q(on_error));
+        let _ = writeln!(out, "min_replicas_ack = {}", self.store.min_replicas_ack);
+        let _ = writeln!(
+            out,
+            "replicas_ack_timeout = {}",
+            q(&d(self.store.replicas_ack_timeout))
+        );
         let _ = writeln!(out, "\n[dedup]");
         let _ = writeln!(out, "lease = {}", q(&d(self.dedup.lease)));
         let _ = writeln!(out, "retention = {}", q(&d(self.dedup.retention)));
@@ -336,8 +349,25 @@ impl Config {
     }
 }
 
-/// Hides a password in a Redis URL (`redis://user:pw@host` → `redis://user:***@host`).
+/// Hides a password in a Redis URL (`redis://user:pw@host` → `redis://user:***@host`),
+/// including a Sentinel URL's `sentinel_password=` option.
 pub fn redact_url(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.contains("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{}?{}", redact_authority(base), query.join("&"))
+        }
+        None => redact_authority(url),
+    }
+}
+
+fn redact_authority(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
@@ -537,23 +567,11 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
     };
     let url = if url_text == "memory" {
         StoreUrl::Memory
-    } else if url_text.starts_with("redis://")
-        || url_text.starts_with("rediss://")
-        || url_text.starts_with("redis+unix://")
-        || url_text.starts_with("unix://")
-    {
-        redis::parse_redis_url(&url_text).ok_or_else(|| {
-            ConfigError::new(
-                url_field,
-                format!("`{}` is not a valid Redis URL", redact_url(&url_text)),
-            )
-        })?;
-        StoreUrl::Redis(url_text)
     } else {
-        return Err(ConfigError::new(
-            url_field,
-            "must be \"memory\" or a redis:// / rediss:// URL",
-        ));
+        // One server, a Redis Cluster or a Sentinel-managed master: see store::topology.
+        crate::store::topology::Topology::parse(&url_text)
+            .map_err(|e| ConfigError::new(url_field, format!("`{}` {e}", redact_url(&url_text))))?;
+        StoreUrl::Redis(url_text)
     };
     let key_prefix = rs.key_prefix.unwrap_or_else(|| "idemgate".to_string());
     if key_prefix.is_empty()
@@ -565,11 +583,32 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
             "must be non-empty, without braces or spaces (braces are the Redis Cluster hash tag)",
         ));
     }
+    let timeout = dur("store.timeout", rs.timeout, "1s")?;
+    let min_replicas_ack = rs.min_replicas_ack.unwrap_or(0);
+    let replicas_ack_timeout = dur(
+        "store.replicas_ack_timeout",
+        rs.replicas_ack_timeout,
+        "100ms",
+    )?;
+    if min_replicas_ack > 0 && url == StoreUrl::Memory {
+        return Err(ConfigError::new(
+            "store.min_replicas_ack",
+            "needs a Redis store: the in-memory store has no replicas",
+        ));
+    }
+    if min_replicas_ack > 0 && replicas_ack_timeout >= timeout {
+        return Err(ConfigError::new(
+            "store.replicas_ack_timeout",
+            "must be shorter than store.timeout: the wait for replicas is part of one store round trip",
+        ));
+    }
     let store = StoreConfig {
         url,
         explicit,
         key_prefix,
-        timeout: dur("store.timeout", rs.timeout, "1s")?,
+        timeout,
+        min_replicas_ack,
+        replicas_ack_timeout,
         on_error: one_of(
             "store.on_error",
             rs.on_error.as_deref().unwrap_or("reject"),
@@ -916,6 +955,44 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
             id: Some("PUB_KEY_ID_1".into()),
         };
         assert_eq!(lit.display(), "PUB_KEY_ID_1=<redacted literal>");
+    }
+
+    #[test]
+    fn cluster_and_sentinel_urls_and_replica_acks() {
+        let c = Config::from_toml_with_env(
+            "[store]\nurl = \"redis+cluster://u:pw@127.0.0.1:7000,127.0.0.1:7001\"\nmin_replicas_ack = 1\n",
+            env_none,
+        )
+        .unwrap();
+        assert_eq!(c.store.min_replicas_ack, 1);
+        assert_eq!(c.store.replicas_ack_timeout, Duration::from_millis(100));
+        let shown = c.redacted_toml();
+        assert!(!shown.contains(":pw@"), "{shown}");
+        assert!(shown.contains("min_replicas_ack = 1"));
+        let c = Config::from_toml_with_env(
+            "[store]\nurl = \"redis+sentinel://:pw@127.0.0.1:26379/mymaster/1?sentinel_password=spw\"\n",
+            env_none,
+        )
+        .unwrap();
+        assert_eq!(c.store.min_replicas_ack, 0);
+        let shown = c.redacted_toml();
+        assert!(!shown.contains("spw") && !shown.contains(":pw@"), "{shown}");
+        assert_eq!(
+            err("[store]\nurl = \"redis+sentinel://127.0.0.1:26379\"").field,
+            "store.url"
+        );
+        assert_eq!(
+            err("[store]\nurl = \"redis+cluster://127.0.0.1:7000/2\"").field,
+            "store.url"
+        );
+        assert_eq!(
+            err("[store]\nurl = \"memory\"\nmin_replicas_ack = 1").field,
+            "store.min_replicas_ack"
+        );
+        assert_eq!(
+            err("[store]\nmin_replicas_ack = 1\nreplicas_ack_timeout = \"2s\"").field,
+            "store.replicas_ack_timeout"
+        );
     }
 
     #[test]

@@ -63,7 +63,11 @@ pub async fn run(
                 &config.store.key_prefix,
                 lifetimes,
                 config.store.timeout,
-            )?;
+            )?
+            .with_replica_acks(
+                config.store.min_replicas_ack,
+                config.store.replicas_ack_timeout,
+            );
             Bound::bind(&config, store).await?.serve(shutdown).await
         }
     }

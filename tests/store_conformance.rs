@@ -1,6 +1,11 @@
 //! One conformance suite, run against both stores: the Redis store on a private
 //! `redis-server`, and the in-memory store. Each case is written once, generic over
 //! `Store`, and instantiated for both by the `conformance!` macro at the bottom.
+//!
+//! The same cases also run against the Redis store on a Redis Cluster (3 masters with
+//! a replica each) and on a Sentinel-managed master with a replica: one deployment per
+//! topology, every case in turn with its own key prefix (a deployment takes seconds to
+//! start, a case well under one).
 
 mod common;
 
@@ -9,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::RedisServer;
+use common::cluster::{RedisCluster, SentinelSet};
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse,
@@ -294,6 +300,28 @@ macro_rules! conformance {
                 }
             )*
         }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_passes_every_case() {
+            let cluster = RedisCluster::start(3, 1);
+            $(
+                eprintln!("redis cluster: {}", stringify!($case));
+                let store = RedisStore::new(&cluster.url(), stringify!($case), $lifetimes, Duration::from_secs(2)).unwrap();
+                $case(store).await;
+            )*
+            drop(cluster);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_sentinel_passes_every_case() {
+            let set = SentinelSet::start();
+            $(
+                eprintln!("redis sentinel: {}", stringify!($case));
+                let store = RedisStore::new(&set.url(), stringify!($case), $lifetimes, Duration::from_secs(2)).unwrap();
+                $case(store).await;
+            )*
+            drop(set);
+        }
     };
 }
 
@@ -396,5 +424,60 @@ async fn a_paused_redis_times_out() {
         t.elapsed() < Duration::from_millis(1500),
         "{:?}",
         t.elapsed()
+    );
+}
+
+/// In a cluster, `EVALSHA` goes to the master owning its first key's slot: both keys
+/// of every delivery land on one node, and deliveries spread over all masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_routes_each_delivery_to_its_slot() {
+    let cluster = RedisCluster::start(3, 1);
+    let s = RedisStore::new(&cluster.url(), "pfx", LONG, Duration::from_secs(2)).unwrap();
+    let mut used = std::collections::BTreeSet::new();
+    for i in 0..30 {
+        let k = key(&format!("evt_{i}"));
+        let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+        let state = s.state_key(&k);
+        let port = cluster.master_of(&state);
+        let keys = cluster.keys_on(port);
+        assert!(
+            keys.contains(&state),
+            "{state} not on its slot's master {port}"
+        );
+        assert!(
+            keys.contains(&format!("{state}:lock")),
+            "lock not beside {state}"
+        );
+        assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+        assert_eq!(
+            s.claim(&k, &fp("a")).await.unwrap(),
+            Claim::Completed(response(b"ok"))
+        );
+        used.insert(port);
+    }
+    assert_eq!(used.len(), 3, "30 deliveries all on {used:?}");
+}
+
+/// With `min_replicas_ack`, a claim that no replica confirmed is a store error (the
+/// sidecar answers 503) and its lock is released so the provider's retry is forwarded;
+/// a completion no replica confirmed is an error too (counted as lease lost).
+#[tokio::test]
+async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
+    let server = RedisServer::start_new(); // no replicas at all
+    let plain = RedisStore::new(&server.url(), "acks", LONG, Duration::from_secs(1)).unwrap();
+    let acked = plain
+        .clone()
+        .with_replica_acks(1, Duration::from_millis(50));
+    let k = key("evt_acks");
+    let e = acked.claim(&k, &fp("a")).await.unwrap_err();
+    assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
+    // the background release frees the key for the provider's retry
+    let t = claim_eventually(&plain, &k, &fp("a"), Duration::from_secs(5)).await;
+    let e = acked.complete(&k, t, &response(b"ok")).await.unwrap_err();
+    assert!(e.to_string().contains("completion reached 0 of 1"), "{e}");
+    // Copies (not claims) are answered as usual.
+    assert_eq!(
+        acked.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"ok"))
     );
 }

@@ -21,6 +21,11 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {'claimed'}
 end
+-- A retried claim (the first attempt ran but its reply was lost: a dropped connection,
+-- a cluster client resending after a failover) finds its own token: it owns the key.
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  return {'claimed'}
+end
 if state[2] and state[2] ~= ARGV[3] then
   return {'mismatch'}
 end

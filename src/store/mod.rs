@@ -9,8 +9,11 @@
 //! claims again). A claim is owned by a random per-attempt token; renew, complete and
 //! release succeed only for the current owner (fencing).
 
+pub mod connection;
 pub mod memory;
 pub mod redis;
+pub mod sentinel;
+pub mod topology;
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,72 +1,151 @@
 //! The Redis store: `SET NX PX` with an owner token as the atomic claim, plus a status
-//! hash, in Lua scripts loaded once and run by SHA (one round trip each).
+//! hash, in Lua scripts run by SHA (one round trip each; on `NOSCRIPT` the script is
+//! sent in full once, to the node that owns the key, which caches it).
 //!
 //! Keys: `{prefix}:{<route>:<key>}` (the status hash) and `…:lock` (the claim). The
-//! braces are a Redis Cluster hash tag, so both keys of a delivery share one slot.
+//! braces are a Redis Cluster hash tag, so both keys of a delivery share one slot and
+//! every script is single-slot: in a cluster, `EVALSHA` is routed by its first key.
 //!
-//! One multiplexed, pipelined connection (`ConnectionManager`) serves every delivery
-//! and reconnects by itself after Redis restarts; scripts are re-loaded on `NOSCRIPT`.
-//! A connection pool would add a `PING` per checkout and nothing else here.
+//! The same scripts run over every deployment `store.url` can name (one server, a
+//! Redis Cluster, a Sentinel-managed master): see [`Connection`]. A connection pool
+//! would add a `PING` per checkout and nothing else here.
+//!
+//! Replication: Redis replicates asynchronously, so a claim or completion acknowledged
+//! by a master that dies a moment later can be missing on the replica that takes over.
+//! With `min_replicas_ack = N`, claim and complete are pipelined with `WAIT N timeout`
+//! on the same connection (so the same node, in one round trip), and count only when
+//! N replicas confirmed them; otherwise the claim is a store error (its lock is
+//! released in the background) and the completion counts as lease lost.
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
+use super::connection::Connection;
+use super::topology::Topology;
 use super::{
     Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
     unix_millis,
 };
 use crate::providers::Fingerprint;
 
+/// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
+struct ScriptDef {
+    sha: String,
+    source: &'static str,
+}
+
+impl ScriptDef {
+    fn new(source: &'static str) -> ScriptDef {
+        ScriptDef {
+            sha: Script::new(source).get_hash().to_string(),
+            source,
+        }
+    }
+}
+
 struct Scripts {
-    claim: Script,
-    complete: Script,
-    release: Script,
-    renew: Script,
+    claim: ScriptDef,
+    complete: ScriptDef,
+    release: ScriptDef,
+    renew: ScriptDef,
+}
+
+/// How many replicas must confirm a claim or completion, and how long to wait for them.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplicaAcks {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 /// See the module documentation.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: std::sync::Arc<str>,
     lifetimes: Lifetimes,
     timeout: Duration,
+    acks: Option<ReplicaAcks>,
     scripts: std::sync::Arc<Scripts>,
+}
+
+/// One script call: the script, its keys and its arguments.
+struct Call<'a> {
+    script: &'a ScriptDef,
+    keys: [&'a str; 2],
+    nkeys: usize,
+    args: Vec<Vec<u8>>,
+}
+
+impl<'a> Call<'a> {
+    fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
+        let mut k = [""; 2];
+        k[..keys.len()].copy_from_slice(keys);
+        Call {
+            script,
+            keys: k,
+            nkeys: keys.len(),
+            args: Vec::with_capacity(8),
+        }
+    }
+
+    fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
+        v.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`.
+    fn command(&self, by_sha: bool) -> Cmd {
+        let mut c = if by_sha {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(&self.script.sha);
+            c
+        } else {
+            let mut c = redis::cmd("EVAL");
+            c.arg(self.script.source);
+            c
+        };
+        c.arg(self.nkeys)
+            .arg(&self.keys[..self.nkeys])
+            .arg(&self.args);
+        c
+    }
 }
 
 impl RedisStore {
     /// Prepares the store without waiting for Redis: the sidecar starts (and reports
-    /// not ready) while Redis is down, and connects when it comes.
+    /// not ready) while Redis is down, and connects when it comes. `url` may name one
+    /// server, a Redis Cluster or a Sentinel-managed master (see `store::topology`).
     pub fn new(
         url: &str,
         prefix: &str,
         lifetimes: Lifetimes,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let client =
-            redis::Client::open(url).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(250));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
+        let topology =
+            Topology::parse(url).map_err(|e| StoreError::Unavailable(format!("store.url {e}")))?;
+        let conn = Connection::new(&topology, timeout)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         Ok(RedisStore {
             conn,
             prefix: prefix.into(),
             lifetimes,
             timeout,
+            acks: None,
             scripts: std::sync::Arc::new(Scripts {
-                claim: Script::new(include_str!("claim.lua")),
-                complete: Script::new(include_str!("complete.lua")),
-                release: Script::new(include_str!("release.lua")),
-                renew: Script::new(include_str!("renew.lua")),
+                claim: ScriptDef::new(include_str!("claim.lua")),
+                complete: ScriptDef::new(include_str!("complete.lua")),
+                release: ScriptDef::new(include_str!("release.lua")),
+                renew: ScriptDef::new(include_str!("renew.lua")),
             }),
         })
+    }
+
+    /// Makes claims and completions count only once `replicas` replicas confirmed them
+    /// within `timeout` (`WAIT`); 0 replicas turns it off.
+    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+        self
     }
 
     /// The status hash's key; the lock is this plus `:lock`.
@@ -98,6 +177,74 @@ impl RedisStore {
             Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
             Err(_) => Err(StoreError::Timeout),
         }
+    }
+
+    /// Runs one script call (one round trip), pipelined with `WAIT` when `replicated`
+    /// and replica acks are on; returns the script's reply and the replicas that
+    /// confirmed it.
+    async fn eval(
+        &self,
+        call: &Call<'_>,
+        replicated: bool,
+    ) -> Result<(Value, Option<i64>), StoreError> {
+        let acks = self.acks.filter(|_| replicated);
+        self.bounded(async {
+            let mut conn = self.conn.clone();
+            let mut by_sha = true;
+            loop {
+                let cmd = call.command(by_sha);
+                let result: RedisResult<(Value, Option<i64>)> = match acks {
+                    None => cmd.query_async(&mut conn).await.map(|v| (v, None)),
+                    Some(a) => {
+                        let mut p = redis::pipe();
+                        p.add_command(cmd)
+                            .cmd("WAIT")
+                            .arg(a.replicas)
+                            .arg(ms(a.timeout))
+                            .ignore_errors();
+                        match p.query_async::<Vec<Value>>(&mut conn).await {
+                            Ok(mut vals) if vals.len() == 2 => {
+                                let waited = vals.pop().unwrap_or(Value::Nil);
+                                let reply = vals.pop().unwrap_or(Value::Nil);
+                                reply.extract_error().and_then(|reply| {
+                                    let n = waited.extract_error()?;
+                                    Ok((reply, Some(int_of(&n).unwrap_or(0))))
+                                })
+                            }
+                            Ok(_) => Err((
+                                ErrorKind::Client,
+                                "unexpected reply to a script pipelined with WAIT",
+                            )
+                                .into()),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                match result {
+                    Err(e)
+                        if by_sha && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                    {
+                        // This node has not seen the script (new, restarted or promoted):
+                        // send it in full once; the node caches it for the next EVALSHA.
+                        by_sha = false;
+                    }
+                    other => return other,
+                }
+            }
+        })
+        .await
+    }
+
+    /// The error for an operation that fewer than the required replicas confirmed.
+    fn under_replicated(&self, what: &str, acked: Option<i64>) -> Option<StoreError> {
+        let want = self.acks?;
+        let got = acked.unwrap_or(0);
+        (got < i64::from(want.replicas)).then(|| {
+            StoreError::Unavailable(format!(
+                "{what} reached {got} of {} replicas within {:?}",
+                want.replicas, want.timeout
+            ))
+        })
     }
 }
 
@@ -163,19 +310,29 @@ impl Store for RedisStore {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
         let (state, lock) = self.keys(key);
         let token = Token::random();
-        let mut conn = self.conn.clone();
-        let mut inv = self.scripts.claim.prepare_invoke();
-        inv.key(&state)
-            .key(&lock)
+        let call = Call::new(&self.scripts.claim, &[&state, &lock])
             .arg(token.to_hex())
             .arg(ms(self.lifetimes.lease))
             .arg(hex::encode(fp))
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention));
-        let reply: Value = self.bounded(inv.invoke_async(&mut conn)).await?;
+        let (reply, acked) = self.eval(&call, true).await?;
         if let Value::Array(items) = &reply
             && items.first().and_then(bytes_of) == Some(b"claimed")
         {
+            if let Some(e) = self.under_replicated("claim", acked) {
+                // Not safe to forward: a failover now could hand the key to a copy.
+                // Give the claim up so the provider's retry is forwarded (the answer,
+                // 503, does not wait for it).
+                let store = self.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.release(&key, token).await {
+                        tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
+                    }
+                });
+                return Err(e);
+            }
             return Ok(Claim::Claimed(token));
         }
         parse_claim(reply)
@@ -183,13 +340,11 @@ impl Store for RedisStore {
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         let (_, lock) = self.keys(key);
-        let mut conn = self.conn.clone();
-        let mut inv = self.scripts.renew.prepare_invoke();
-        inv.key(&lock)
+        let call = Call::new(&self.scripts.renew, &[&lock])
             .arg(token.to_hex())
             .arg(ms(self.lifetimes.lease));
-        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
-        Ok(n == 1)
+        let (reply, _) = self.eval(&call, false).await?;
+        Ok(int_of(&reply) == Some(1))
     }
 
     async fn complete(
@@ -199,30 +354,28 @@ impl Store for RedisStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         let (state, lock) = self.keys(key);
-        let mut conn = self.conn.clone();
-        let mut inv = self.scripts.complete.prepare_invoke();
-        inv.key(&state)
-            .key(&lock)
+        let call = Call::new(&self.scripts.complete, &[&state, &lock])
             .arg(token.to_hex())
             .arg(response.status)
             .arg(response.headers.as_ref())
             .arg(response.body.as_ref())
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention));
-        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
-        Ok(n == 1)
+        let (reply, acked) = self.eval(&call, true).await?;
+        let owned = int_of(&reply) == Some(1);
+        if owned && let Some(e) = self.under_replicated("completion", acked) {
+            return Err(e);
+        }
+        Ok(owned)
     }
 
     async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         let (state, lock) = self.keys(key);
-        let mut conn = self.conn.clone();
-        let mut inv = self.scripts.release.prepare_invoke();
-        inv.key(&state)
-            .key(&lock)
+        let call = Call::new(&self.scripts.release, &[&state, &lock])
             .arg(token.to_hex())
             .arg(unix_millis());
-        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
-        Ok(n == 1)
+        let (reply, _) = self.eval(&call, false).await?;
+        Ok(int_of(&reply) == Some(1))
     }
 
     async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
@@ -263,10 +416,8 @@ impl Store for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        let pong: String = self
-            .bounded(redis::cmd("PING").query_async(&mut conn))
-            .await?;
-        if pong == "PONG" {
+        let pong = self.bounded(conn.ping()).await?;
+        if bytes_of(&pong) == Some(b"PONG") {
             Ok(())
         } else {
             Err(bad_reply("PING"))

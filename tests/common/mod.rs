@@ -9,6 +9,8 @@
 //! Waiting is always done by polling with a deadline, never by a bare sleep.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::fs::File;
@@ -787,6 +789,8 @@ fn q(s: &str) -> String {
 pub struct SidecarBuilder {
     pub top: BTreeMap<String, String>,
     pub store: BTreeMap<String, String>,
+    /// `[store]` entries written as given (numbers): `min_replicas_ack = 1`
+    pub store_raw: BTreeMap<String, String>,
     pub dedup: BTreeMap<String, String>,
     pub routes: Vec<RouteCfg>,
     /// raw TOML appended at the end of the file
@@ -815,6 +819,7 @@ impl SidecarBuilder {
         SidecarBuilder {
             top,
             store,
+            store_raw: BTreeMap::new(),
             dedup,
             routes: vec![],
             extra: String::new(),
@@ -827,6 +832,11 @@ impl SidecarBuilder {
     }
     pub fn store_opt(mut self, k: &str, v: &str) -> Self {
         self.store.insert(k.into(), v.into());
+        self
+    }
+    /// A `[store]` entry written unquoted, e.g. `("min_replicas_ack", "1")`.
+    pub fn store_raw(mut self, k: &str, v: &str) -> Self {
+        self.store_raw.insert(k.into(), v.into());
         self
     }
     pub fn dedup(mut self, k: &str, v: &str) -> Self {
@@ -860,6 +870,9 @@ impl SidecarBuilder {
         s += "\n[store]\n";
         for (k, v) in &self.store {
             s += &format!("{k} = {}\n", q(v));
+        }
+        for (k, v) in &self.store_raw {
+            s += &format!("{k} = {v}\n");
         }
         s += "\n[dedup]\n";
         for (k, v) in &self.dedup {

@@ -1,0 +1,119 @@
+//! One connection type for every Redis deployment, so `RedisStore` runs the same
+//! scripts over all of them: a standalone server (`ConnectionManager`), a Redis Cluster
+//! (`cluster_async::ClusterConnection`, which follows MOVED/ASK and re-reads the slot
+//! map after a failover), or a Sentinel-managed master (`SentinelConnection`, which asks
+//! the Sentinels again whenever the master it writes to goes away or is demoted).
+//!
+//! All are cheap to clone (handles to one multiplexed connection) and are built without
+//! waiting for Redis: the sidecar starts, reports not ready, and connects when Redis
+//! comes.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+use super::sentinel::SentinelConnection;
+use super::topology::Topology;
+
+/// A handle to the store's Redis, whatever its deployment.
+#[derive(Clone)]
+pub enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
+}
+
+impl Connection {
+    /// Prepares the connection; `timeout` bounds each connect and each response.
+    pub fn new(topology: &Topology, timeout: Duration) -> RedisResult<Connection> {
+        match topology {
+            Topology::Standalone(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(2)
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(Duration::from_millis(250));
+                Ok(Connection::Standalone(
+                    ConnectionManager::new_lazy_with_config(client, config)?,
+                ))
+            }
+            Topology::Cluster { nodes } => {
+                // Retries (MOVED/ASK, a node that went away, a failover in progress) run
+                // inside the store timeout that `RedisStore::bounded` puts around each
+                // operation; the client's own overall timeout matches it.
+                let client = redis::cluster::ClusterClientBuilder::new(nodes.iter().cloned())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .overall_response_timeout(Some(timeout))
+                    .retries(8)
+                    .min_retry_wait(10)
+                    .max_retry_wait(200)
+                    .build()?;
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(timeout)
+                    .set_response_timeout(timeout);
+                Ok(Connection::Cluster(
+                    client.get_pending_async_connection_with_config(config),
+                ))
+            }
+            Topology::Sentinel(target) => Ok(Connection::Sentinel(SentinelConnection::new(
+                target, timeout,
+            )?)),
+        }
+    }
+
+    /// `PING` the deployment: every master of a cluster, the current master otherwise.
+    pub async fn ping(&mut self) -> RedisResult<Value> {
+        match self {
+            Connection::Cluster(c) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
+                };
+                c.route_command(
+                    redis::cmd("PING"),
+                    RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    )),
+                )
+                .await
+            }
+            other => redis::cmd("PING").query_async(other).await,
+        }
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+            Connection::Sentinel(c) => c.get_db(),
+        }
+    }
+}

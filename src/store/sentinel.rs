@@ -1,0 +1,226 @@
+//! A connection to the master that Redis Sentinel names, which follows failovers.
+//!
+//! The `redis` crate's `SentinelClient` resolves the master once per connect (asking
+//! the Sentinels, then checking that the node itself says it is master); nothing in the
+//! crate re-resolves when that master goes away. This type keeps one multiplexed
+//! connection to the current master and drops it the moment it proves stale:
+//!
+//! - `READONLY` (the node was demoted to a replica: Sentinel failed over and the old
+//!   master rejoined): the command did not run, so it is sent again to the master the
+//!   Sentinels name now. A demoted master is never written to.
+//! - an I/O error or a dropped connection (the master died): the command's outcome is
+//!   unknown, so it is reported as an error (the caller answers 503); the next command
+//!   asks the Sentinels again.
+//! - no master reachable yet (failover in progress): the lookup is retried with a short
+//!   backoff until the caller's store timeout gives up.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture,
+    RedisResult, ServerErrorKind, Value,
+};
+
+use super::topology::SentinelTarget;
+
+/// See the module documentation.
+#[derive(Clone)]
+pub struct SentinelConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Serialises lookups: one task asks the Sentinels while the others wait for it.
+    client: tokio::sync::Mutex<SentinelClient>,
+    /// The current master connection and its generation (to drop only a stale one).
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    next_generation: std::sync::atomic::AtomicU64,
+    config: AsyncConnectionConfig,
+    db: i64,
+}
+
+/// The most lookups one command makes before it reports the error (the store timeout
+/// usually ends it first).
+const MAX_ATTEMPTS: u32 = 20;
+
+impl SentinelConnection {
+    pub fn new(target: &SentinelTarget, timeout: Duration) -> RedisResult<SentinelConnection> {
+        let sentinels = target
+            .sentinels
+            .iter()
+            .map(|(h, p)| ConnectionAddr::Tcp(h.clone(), *p));
+        let mut b =
+            SentinelClientBuilder::new(sentinels, &target.master, SentinelServerType::Master)?
+                .set_client_to_redis_db(target.db)
+                .set_client_to_redis_tcp_settings(Default::default())
+                .set_client_to_sentinel_tcp_settings(Default::default());
+        if let Some(u) = &target.username {
+            b = b.set_client_to_redis_username(u);
+        }
+        if let Some(p) = &target.password {
+            b = b.set_client_to_redis_password(p);
+        }
+        if let Some(u) = &target.sentinel_username {
+            b = b.set_client_to_sentinel_username(u);
+        }
+        if let Some(p) = &target.sentinel_password {
+            b = b.set_client_to_sentinel_password(p);
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        Ok(SentinelConnection {
+            inner: Arc::new(Inner {
+                client: tokio::sync::Mutex::new(b.build()?),
+                current: Mutex::new(None),
+                next_generation: std::sync::atomic::AtomicU64::new(0),
+                config,
+                db: target.db,
+            }),
+        })
+    }
+
+    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
+        self.inner
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The connection to the current master, asking the Sentinels when there is none.
+    async fn master(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let mut client = self.inner.client.lock().await;
+        if let Some(c) = self.cached() {
+            return Ok(c); // another task looked it up while this one waited
+        }
+        let conn = client
+            .get_async_connection_with_config(&self.inner.config)
+            .await?;
+        let generation = self
+            .inner
+            .next_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((generation, conn.clone()));
+        tracing::info!(generation, "connected to the master Sentinel names");
+        Ok((generation, conn))
+    }
+
+    /// Forgets the connection of `generation` (if it is still the current one).
+    fn forget(&self, generation: u64, why: &RedisError) {
+        let mut cur = self.inner.current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *cur = None;
+            tracing::warn!(generation, error = %why, "dropping the master connection; asking Sentinel again");
+        }
+    }
+
+    /// Runs `op` on the current master, following the Sentinels as described above.
+    async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: std::future::Future<Output = RedisResult<T>>,
+        T: Demotion,
+    {
+        let mut pause = Duration::from_millis(10);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (generation, conn) = match self.master().await {
+                Ok(c) => c,
+                Err(e) if attempt < MAX_ATTEMPTS => {
+                    // No master yet (failover in progress, Sentinels unreachable).
+                    tracing::debug!(error = %e, "no master from Sentinel yet");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match op(conn).await {
+                Ok(v) if v.demoted() && attempt < MAX_ATTEMPTS => {
+                    self.forget(generation, &readonly());
+                }
+                Ok(v) => return Ok(v),
+                Err(e) if is_readonly(&e) && attempt < MAX_ATTEMPTS => {
+                    // Demoted: the command did not run; send it to the new master.
+                    self.forget(generation, &e);
+                }
+                Err(e) => {
+                    if e.is_unrecoverable_error() || e.is_timeout() || e.is_connection_refusal() {
+                        // The master went away mid-command: the outcome is unknown, so
+                        // it is the caller's error; the next command looks up again.
+                        self.forget(generation, &e);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+fn readonly() -> RedisError {
+    RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ReadOnly),
+        "the master was demoted to a replica",
+    ))
+}
+
+fn is_readonly(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || e.to_string().contains("READONLY")
+}
+
+/// Whether a reply says the node is no longer master (a script that tried to write on
+/// a replica answers `READONLY`, possibly inside a pipeline's replies).
+trait Demotion {
+    fn demoted(&self) -> bool;
+}
+
+impl Demotion for Value {
+    fn demoted(&self) -> bool {
+        match self {
+            Value::ServerError(e) => {
+                e.kind() == Some(ServerErrorKind::ReadOnly)
+                    || e.details().is_some_and(|d| d.contains("READONLY"))
+                    || e.code().contains("READONLY")
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Demotion for Vec<Value> {
+    fn demoted(&self) -> bool {
+        self.iter().any(Demotion::demoted)
+    }
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.run(move |mut c| async move { c.req_packed_command(cmd).await }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(
+            self.run(
+                move |mut c| async move { c.req_packed_commands(pipeline, offset, count).await },
+            ),
+        )
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.db
+    }
+}

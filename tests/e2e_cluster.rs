@@ -1,0 +1,376 @@
+//! End-to-end on replicated Redis: the real sidecar on a Redis Cluster (3 masters, a
+//! replica each) and on a Sentinel-managed master, through topology changes.
+//!
+//! - concurrent copies across three sidecars on a cluster reach the upstream once;
+//! - a master killed during a storm of distinct deliveries: the sidecars keep
+//!   answering (503 while the slot has no master), and afterwards a copy of a delivery
+//!   that was answered 2xx is not forwarded again, with `min_replicas_ack = 1` never;
+//! - a Sentinel failover (the master killed, or demoted by `SENTINEL FAILOVER`): the
+//!   store follows the new master within a bounded time and never writes to the old.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::{MASTER_NAME, RedisCluster, SentinelSet, cli, poll};
+use common::*;
+use idemgate::providers::fingerprint_body;
+use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store};
+
+fn answer_mode(body: &str, delay: Duration) -> Mode {
+    Mode::Delayed(
+        delay,
+        Box::new(Mode::Ok {
+            status: 201,
+            headers: vec![
+                ("x-upstream".into(), "yes".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: body.as_bytes().to_vec(),
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_sidecars_on_a_cluster_forward_300_copies_once() {
+    let cluster = RedisCluster::start(3, 1);
+    let up = Upstream::start().await;
+    up.set_mode(answer_mode(
+        r#"{"cluster":"answer"}"#,
+        Duration::from_millis(300),
+    ));
+    let mut scs = Vec::new();
+    for _ in 0..3 {
+        scs.push(SidecarBuilder::new(&up.url(), &cluster.url()).start().await);
+    }
+    for sc in &scs {
+        sc.wait_readyz(200, Duration::from_secs(10)).await;
+    }
+    let d = Delivery::fresh();
+    let handles: Vec<_> = (0..300).map(|i| scs[i % 3].send_spawned(&d)).collect();
+    let (mut originals, mut replays, mut conflicts) = (0, 0, 0);
+    for h in handles {
+        let a = h.await.expect("delivery task");
+        match a.status {
+            201 if !a.replayed() => originals += 1,
+            201 => {
+                assert_eq!(a.text(), r#"{"cluster":"answer"}"#, "{a:?}");
+                replays += 1;
+            }
+            409 => {
+                a.assert_error(409, "in_flight");
+                conflicts += 1;
+            }
+            _ => panic!("unexpected answer to a concurrent copy: {a:?}"),
+        }
+    }
+    up.assert_count_stays(1, Duration::from_millis(300)).await;
+    assert_eq!(
+        originals, 1,
+        "exactly one copy gets the upstream's own answer"
+    );
+    eprintln!(
+        "cluster, 3 sidecars: 300 copies -> 1 forwarded, {replays} replayed, {conflicts} x 409"
+    );
+    for sc in &scs {
+        let a = sc.send(&d).await;
+        assert!(a.replayed() && a.status == 201, "{a:?}");
+    }
+    let mut forwarded = 0.0;
+    for sc in &scs {
+        forwarded += sc.requests_total(ROUTE, "forwarded").await;
+    }
+    assert_eq!(forwarded, 1.0, "forwarded summed over sidecars");
+}
+
+/// What a storm with a master killed in the middle saw.
+#[derive(Debug, Default)]
+struct StormReport {
+    sent: usize,
+    answered_2xx: usize,
+    answered_503: usize,
+    /// Re-sends of 2xx-answered deliveries after the failover, by answer.
+    resent_replayed: usize,
+    resent_409: usize,
+    /// 2xx-answered deliveries the upstream received more than once.
+    slipped: usize,
+}
+
+/// Distinct deliveries from 12 senders over three sidecars; a master is killed a
+/// second in, its replica takes over, the killed node comes back as a replica; then
+/// every delivery that was answered 2xx is sent again.
+async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
+    let cluster = RedisCluster::start(3, 1);
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Delayed(
+        Duration::from_millis(5),
+        Box::new(Mode::default_ok()),
+    ));
+    let mut scs = Vec::new();
+    for _ in 0..3 {
+        let mut b = SidecarBuilder::new(&up.url(), &cluster.url()).store_opt("timeout", "1s");
+        if min_replicas_ack > 0 {
+            b = b
+                .store_raw("min_replicas_ack", &min_replicas_ack.to_string())
+                .store_opt("replicas_ack_timeout", "100ms");
+        }
+        scs.push(b.start().await);
+    }
+    for sc in &scs {
+        sc.wait_readyz(200, Duration::from_secs(10)).await;
+    }
+    let targets: Vec<(reqwest::Client, String)> = scs
+        .iter()
+        .map(|sc| (sc.client.clone(), sc.url(PATH)))
+        .collect();
+    let targets = Arc::new(targets);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut senders = Vec::new();
+    for w in 0..12 {
+        let targets = targets.clone();
+        let stop = stop.clone();
+        senders.push(tokio::spawn(async move {
+            let mut seen: Vec<(Delivery, u16)> = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(90);
+            let mut i = w;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                let d = Delivery::fresh();
+                let (client, url) = &targets[i % targets.len()];
+                i += 1;
+                let a = post(client, url, &d.headers(), d.body.clone())
+                    .await
+                    .unwrap_or_else(|e| panic!("a sidecar did not answer: {e:?}"));
+                seen.push((d, a.status));
+            }
+            seen
+        }));
+    }
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let victim = cluster.live_masters()[0];
+    let started = Instant::now();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = cluster;
+        cluster.kill_master_and_wait_failover(victim, Duration::from_secs(30));
+        cluster
+    })
+    .await
+    .unwrap();
+    let failover = started.elapsed();
+    // The killed node comes back empty and rejoins as the new master's replica.
+    let cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = cluster;
+        cluster.node(victim).start();
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    })
+    .await
+    .unwrap();
+    let healed = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let mut report = StormReport::default();
+    let mut answered: Vec<Delivery> = Vec::new();
+    for s in senders {
+        for (d, status) in s.await.expect("sender") {
+            report.sent += 1;
+            match status {
+                200 => {
+                    report.answered_2xx += 1;
+                    answered.push(d);
+                }
+                503 => report.answered_503 += 1,
+                other => panic!("unexpected answer {other} to a fresh delivery"),
+            }
+        }
+    }
+    assert!(
+        report.answered_2xx > 0,
+        "nothing was answered 2xx: {report:?}"
+    );
+
+    // Every 2xx-answered delivery again, until it gets something other than 503.
+    let queue = Arc::new(std::sync::Mutex::new(answered.clone()));
+    let mut resenders = Vec::new();
+    for _ in 0..12 {
+        let queue = queue.clone();
+        let targets = targets.clone();
+        resenders.push(tokio::spawn(async move {
+            let (mut replayed, mut conflicts, mut i) = (0, 0, 0);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let Some(d) = queue.lock().unwrap().pop() else {
+                    break;
+                };
+                loop {
+                    let (client, url) = &targets[i % targets.len()];
+                    i += 1;
+                    let a = post(client, url, &d.headers(), d.body.clone())
+                        .await
+                        .expect("a sidecar did not answer a re-send");
+                    match a.status {
+                        200 if a.replayed() => replayed += 1,
+                        200 => {} // forwarded again: counted at the upstream below
+                        409 => conflicts += 1,
+                        503 => {
+                            assert!(Instant::now() < deadline, "still 503 after the failover");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                        other => panic!("unexpected answer {other} to a re-send: {a:?}"),
+                    }
+                    break;
+                }
+            }
+            (replayed, conflicts)
+        }));
+    }
+    for r in resenders {
+        let (replayed, conflicts) = r.await.expect("re-sender");
+        report.resent_replayed += replayed;
+        report.resent_409 += conflicts;
+    }
+
+    let mut receipts: HashMap<String, usize> = HashMap::new();
+    for r in up.requests() {
+        if let Some(id) = r.header("webhook-id") {
+            *receipts.entry(id).or_default() += 1;
+        }
+    }
+    for d in &answered {
+        let n = receipts.get(&d.id).copied().unwrap_or(0);
+        assert!(n >= 1, "{} was answered 2xx but never forwarded", d.id);
+        if n > 1 {
+            report.slipped += 1;
+        }
+    }
+    eprintln!(
+        "min_replicas_ack = {min_replicas_ack}: failover after {failover:?}, healed after {healed:?}; {report:?}"
+    );
+    drop(scs);
+    drop(cluster);
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn master_killed_during_a_storm_without_replica_acks() {
+    // Asynchronous replication: a claim or completion acknowledged just before the
+    // master died may be missing on its replica, so a few copies may slip through.
+    // Counted and reported, not asserted.
+    let r = storm_with_a_master_killed(0).await;
+    assert!(r.resent_replayed + r.resent_409 <= r.answered_2xx, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn master_killed_during_a_storm_with_min_replicas_ack_lets_no_copy_through() {
+    let r = storm_with_a_master_killed(1).await;
+    assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
+    assert_eq!(r.resent_replayed + r.resent_409, r.answered_2xx, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_failover_is_followed_by_the_sidecar() {
+    let mut set = SentinelSet::start();
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), &set.url()).start().await;
+    sc.wait_readyz(200, Duration::from_secs(10)).await;
+    let before = Delivery::fresh();
+    assert_eq!(sc.send(&before).await.status, 200);
+    // Let the replica catch up, so the answer stored before the failover survives it.
+    poll(Duration::from_secs(10), "the replica to catch up", || {
+        let off = |n: &common::cluster::Node| n.info("replication", "master_repl_offset");
+        off(&set.master).is_some() && off(&set.master) == off(&set.replica)
+    });
+    let promoted = set.replica.port;
+    set.master.kill();
+    let t = Instant::now();
+    let mut unavailable = 0;
+    loop {
+        let a = sc.send(&Delivery::fresh()).await;
+        match a.status {
+            200 => break,
+            503 => unavailable += 1,
+            other => panic!("unexpected answer during the failover: {other} {a:?}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "deliveries still fail 30 s after the master died"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "sentinel: deliveries answered 2xx again {:?} after the master was killed ({unavailable} x 503 meanwhile)",
+        t.elapsed()
+    );
+    assert_eq!(set.reported_master(), Some(promoted));
+    let a = sc.send(&before).await;
+    assert!(a.status == 200 && a.replayed(), "{a:?}");
+    let forwarded = up
+        .requests()
+        .iter()
+        .filter(|r| r.header("webhook-id").as_deref() == Some(before.id.as_str()))
+        .count();
+    assert_eq!(forwarded, 1);
+    sc.wait_readyz(200, Duration::from_secs(5)).await;
+}
+
+/// `SENTINEL FAILOVER` demotes a live master: the store's open connection to it must
+/// not keep writing there (it answers READONLY, or Sentinel closes it); the store asks
+/// the Sentinels again and writes to the promoted replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_demoted_master_is_never_written_to() {
+    let set = SentinelSet::start();
+    let lifetimes = Lifetimes {
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let s = RedisStore::new(&set.url(), "demote", lifetimes, Duration::from_secs(2)).unwrap();
+    let fp = fingerprint_body(b"x");
+    let k1 = DeliveryKey::new("route", "before");
+    assert!(matches!(
+        s.claim(&k1, &fp).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    let (old, new) = (set.master.port, set.replica.port);
+    poll(Duration::from_secs(10), "the replica to catch up", || {
+        let off = |n: &common::cluster::Node| n.info("replication", "master_repl_offset");
+        off(&set.master).is_some() && off(&set.master) == off(&set.replica)
+    });
+    assert_eq!(
+        set.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]),
+        "OK"
+    );
+    poll(
+        Duration::from_secs(30),
+        "the old master to be demoted",
+        || cli(old, &["ROLE"]).starts_with("slave") && set.reported_master() == Some(new),
+    );
+    let k2 = DeliveryKey::new("route", "after");
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut errors = 0;
+    loop {
+        match s.claim(&k2, &fp).await {
+            Ok(Claim::Claimed(_)) => break,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => {
+                errors += 1;
+                assert!(Instant::now() < end, "the store did not follow: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    eprintln!("sentinel: demotion followed after {errors} store error(s)");
+    let lock = format!("{}:lock", s.state_key(&k2));
+    assert_eq!(cli(new, &["EXISTS", &lock]), "1", "not on the new master");
+    assert_eq!(cli(new, &["ROLE"]).lines().next(), Some("master"));
+    // The first claim survived the failover (it replicated before the switch).
+    assert!(matches!(
+        s.claim(&k1, &fp).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+}
