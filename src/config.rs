@@ -836,7 +836,10 @@ breaker_cooldown = "250ms"
         assert_eq!(err("max_in_flight = -3").field, "max_in_flight");
         assert_eq!(err("max_connections = \"many\"").field, "max_connections");
         assert_eq!(err("max_connections = 1.5").field, "max_connections");
-        assert_eq!(err("max_connections = 99999999999").field, "max_connections");
+        assert_eq!(
+            err("max_connections = 99999999999").field,
+            "max_connections"
+        );
         assert_eq!(err("body_timeout = \"0s\"").field, "body_timeout");
         assert_eq!(err("header_timeout = \"soon\"").field, "header_timeout");
         assert_eq!(

@@ -238,7 +238,11 @@ mod tests {
             s.extract(&e, b"notify_id=1&notify_id=2"),
             Err(KeyError::Invalid(_))
         ));
-        for bad in [&b"notify_id=%FF%FE"[..], b"notify_id=a%C3", b"notify_id=%00"] {
+        for bad in [
+            &b"notify_id=%FF%FE"[..],
+            b"notify_id=a%C3",
+            b"notify_id=%00",
+        ] {
             assert!(
                 matches!(s.extract(&e, bad), Err(KeyError::Invalid(_))),
                 "{bad:?}"
