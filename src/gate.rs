@@ -471,8 +471,12 @@ impl<S: Store> Gate<S> {
     ) -> Result<T, StoreError> {
         let t = Instant::now();
         let r = f.await;
-        self.metrics
-            .store_op(op, t.elapsed().as_secs_f64(), r.is_err());
+        // A call the circuit breaker refused never reached the store: it shows as
+        // idemgate_store_circuit_open, not as a store error or latency.
+        if !matches!(r, Err(StoreError::CircuitOpen)) {
+            self.metrics
+                .store_op(op, t.elapsed().as_secs_f64(), r.is_err());
+        }
         r
     }
 

@@ -9,6 +9,8 @@
 //! Waiting is always done by polling with a deadline, never by a bare sleep.
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::fs::File;
