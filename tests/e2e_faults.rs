@@ -110,7 +110,7 @@ async fn redis_killed_paused_slept_and_restarted_under_load() {
     let sent = load.finish().await;
 
     let logs = sc.stderr();
-    let f = check_invariants(&sc, &up, &redis, &sent, &logs, lease, false).await;
+    let f = check_invariants(&sc, &up, &redis, &sent, &logs, lease, false, true).await;
     eprintln!("redis faults: {f:#?}");
     assert!(
         f.status_counts.get("503").copied().unwrap_or(0) > 0,
@@ -524,7 +524,7 @@ async fn sidecar_killed_9_and_restarted_under_load() {
     drop(sc);
 
     logs.push_str(&sc2.stderr());
-    let f = check_invariants(&sc2, &up, &redis, &sent, &logs, lease, true).await;
+    let f = check_invariants(&sc2, &up, &redis, &sent, &logs, lease, true, false).await;
     eprintln!("kill -9: {f:#?}");
     assert!(f.answered_2xx > 30, "{f:?}");
     assert_no_secrets(&logs);
