@@ -199,6 +199,8 @@ struct FaultUpstream {
     addr: SocketAddr,
     fault: Arc<Mutex<Fault>>,
     seen: Arc<Mutex<Vec<String>>>,
+    /// Connections accepted so far (pool reuse keeps this low).
+    conns: Arc<std::sync::atomic::AtomicUsize>,
     tasks: Arc<Mutex<tokio::task::JoinSet<()>>>,
     acceptor: Option<tokio::task::JoinHandle<()>>,
 }
@@ -209,6 +211,7 @@ impl FaultUpstream {
             addr: "127.0.0.1:0".parse().unwrap(),
             fault: Arc::new(Mutex::new(Fault::Ok)),
             seen: Arc::default(),
+            conns: Arc::default(),
             tasks: Arc::new(Mutex::new(tokio::task::JoinSet::new())),
             acceptor: None,
         };
@@ -220,8 +223,10 @@ impl FaultUpstream {
         let l = tokio::net::TcpListener::bind(self.addr).await.unwrap();
         self.addr = l.local_addr().unwrap();
         let (fault, seen, tasks) = (self.fault.clone(), self.seen.clone(), self.tasks.clone());
+        let conns = self.conns.clone();
         self.acceptor = Some(tokio::spawn(async move {
             while let Ok((s, _)) = l.accept().await {
+                conns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let (fault, seen) = (fault.clone(), seen.clone());
                 tasks.lock().unwrap().spawn(serve_faulty(s, fault, seen));
             }
@@ -408,6 +413,9 @@ async fn upstream_refusing_resetting_stalling_and_endless_answers() {
     for _ in 0..20 {
         assert_eq!(sc.send(&Delivery::fresh()).await.status, 200);
     }
+    // one after the other, the deliveries reuse the pooled upstream connection
+    let opened = up.conns.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(opened <= 2, "{opened} upstream connections for 20 sequential deliveries");
     let baseline = sc_rss(&sc);
     let mut peak = baseline;
     let bound = Duration::from_secs(1 + 5);
