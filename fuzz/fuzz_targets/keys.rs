@@ -3,9 +3,9 @@
 //! no control characters) — so it is safe inside a Redis key name and a log line.
 #![no_main]
 
+use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use idemgate::providers::keys::{KeySource, MAX_KEY_LEN, validate_key};
-use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

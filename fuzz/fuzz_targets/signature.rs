@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use arbitrary::Arbitrary;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{KeyInit, Mac};
@@ -12,7 +13,6 @@ use http::{HeaderMap, HeaderValue};
 use idemgate::config::Secret;
 use idemgate::providers::Verifier;
 use idemgate::providers::standard::StandardWebhooks;
-use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -53,7 +53,9 @@ fn sign(id: &str, ts: &str, body: &[u8]) -> String {
 fuzz_target!(|input: Input| {
     thread_local!(static V: StandardWebhooks = verifier());
     let ts_bytes = match input.skew {
-        Some(s) => (input.now.saturating_add(i64::from(s))).to_string().into_bytes(),
+        Some(s) => (input.now.saturating_add(i64::from(s)))
+            .to_string()
+            .into_bytes(),
         None => input.ts.clone(),
     };
     let (Ok(id), Ok(ts), Ok(sigs)) = (
