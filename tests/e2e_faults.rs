@@ -415,7 +415,10 @@ async fn upstream_refusing_resetting_stalling_and_endless_answers() {
     }
     // one after the other, the deliveries reuse the pooled upstream connection
     let opened = up.conns.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(opened <= 2, "{opened} upstream connections for 20 sequential deliveries");
+    assert!(
+        opened <= 2,
+        "{opened} upstream connections for 20 sequential deliveries"
+    );
     let baseline = sc_rss(&sc);
     let mut peak = baseline;
     let bound = Duration::from_secs(1 + 5);

@@ -887,3 +887,42 @@ async fn secrets_never_show_in_logs_metrics_answers_or_check_config() {
     assert!(!shown.contains("not*base64*at*all"), "{shown}");
     assert!(!shown.contains(SECRET_2), "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_idle_keep_alive_connections_cost_little_and_deliveries_get_through() {
+    let e = hostile_env(|b| b.top("header_timeout", "60s")).await;
+    let addr = e.sc.listen;
+    let before = rss_kib(e.sc.pid());
+    let mut idle = Vec::new();
+    for i in 0..1000 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /nope HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // read the 404 (kept alive: the connection then sits idle)
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("connection {i}: no answer"))
+            .unwrap();
+        assert_eq!(status_of(&buf[..n]), Some(404), "connection {i}");
+        idle.push(s);
+    }
+    e.sc.wait_metric("idemgate_connections", 1000.0).await;
+    let after = rss_kib(e.sc.pid());
+    let per_conn = (after.saturating_sub(before) as f64) / 1000.0;
+    eprintln!(
+        "1000 idle keep-alive connections: RSS {before} -> {after} KiB ({per_conn:.1} KiB each)"
+    );
+    assert!(per_conn < 64.0, "{per_conn} KiB per idle connection");
+    let a = e.sc.send(&Delivery::fresh()).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(e.up.count(), 1);
+    drop(idle);
+    // all closed but the test client's own pooled connection
+    let end = Instant::now() + Duration::from_secs(5);
+    while e.sc.metric("idemgate_connections").await > 1.0 {
+        assert!(Instant::now() < end, "idle connections not released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
