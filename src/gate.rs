@@ -508,7 +508,13 @@ impl<S: Store> Gate<S> {
         key: &DeliveryKey,
         err: StoreError,
     ) -> (Outcome, Answer) {
-        tracing::warn!(route = &*route.name, error = %err, "store unavailable");
+        if matches!(err, StoreError::CircuitOpen) {
+            // The breaker logged its opening once; a line per refused delivery would
+            // flood the log at the moment it matters.
+            tracing::debug!(route = &*route.name, error = %err, "store unavailable");
+        } else {
+            tracing::warn!(route = &*route.name, error = %err, "store unavailable");
+        }
         match self.on_error {
             OnStoreError::Reject => {
                 let r = Refused::new(
