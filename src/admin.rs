@@ -33,6 +33,9 @@ pub async fn handle<S: Store, B>(gate: &Gate<S>, req: Request<B>) -> Response<Fu
             }
         },
         "/metrics" => {
+            gate.metrics()
+                .store_circuit_open
+                .set(i64::from(gate.store().circuit_open()));
             let mut r = Response::new(Full::new(Bytes::from(gate.metrics().render())));
             r.headers_mut().insert(
                 CONTENT_TYPE,

@@ -45,6 +45,10 @@ struct RawConfig {
     max_body: Option<String>,
     max_response: Option<String>,
     shutdown_grace: Option<String>,
+    header_timeout: Option<String>,
+    body_timeout: Option<String>,
+    max_in_flight: Option<toml::Value>,
+    max_connections: Option<toml::Value>,
     store: Option<RawStore>,
     dedup: Option<RawDedup>,
     #[serde(default, rename = "route")]
@@ -60,6 +64,8 @@ struct RawStore {
     on_error: Option<String>,
     min_replicas_ack: Option<u32>,
     replicas_ack_timeout: Option<String>,
+    breaker_threshold: Option<toml::Value>,
+    breaker_cooldown: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +114,16 @@ pub struct Config {
     /// (the delivery gets 502 and its claim is released).
     pub max_response: usize,
     pub shutdown_grace: Duration,
+    /// How long a connection may take to send a request's headers (and, on a fresh
+    /// connection, its first bytes); past it the connection is closed.
+    pub header_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers are in; past it
+    /// the delivery gets 408 and the connection is closed.
+    pub body_timeout: Duration,
+    /// Deliveries handled at once; one more gets a fast 503 `overloaded`.
+    pub max_in_flight: usize,
+    /// Open webhook connections; a new one past it is closed at once.
+    pub max_connections: usize,
     pub store: StoreConfig,
     pub dedup: DedupConfig,
     pub routes: Vec<RouteConfig>,
@@ -132,6 +148,11 @@ pub struct StoreConfig {
     pub min_replicas_ack: u32,
     /// How long a claim or completion waits for those replicas.
     pub replicas_ack_timeout: Duration,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker answers without asking the store before it lets one
+    /// probe through.
+    pub breaker_cooldown: Duration,
 }
 
 /// What a delivery gets when the store cannot be reached.
@@ -283,9 +304,13 @@ impl Config {
         let _ = writeln!(out, "admin_listen = {}", q(&self.admin_listen.to_string()));
         let _ = writeln!(out, "upstream = {}", q(&self.upstream.to_string()));
         let _ = writeln!(out, "upstream_timeout = {}", q(&d(self.upstream_timeout)));
-        let _ = writeln!(out, "max_body = {}", self.max_body);
-        let _ = writeln!(out, "max_response = {}", self.max_response);
+        let _ = writeln!(out, "max_body = {}", q(&self.max_body.to_string()));
+        let _ = writeln!(out, "max_response = {}", q(&self.max_response.to_string()));
         let _ = writeln!(out, "shutdown_grace = {}", q(&d(self.shutdown_grace)));
+        let _ = writeln!(out, "header_timeout = {}", q(&d(self.header_timeout)));
+        let _ = writeln!(out, "body_timeout = {}", q(&d(self.body_timeout)));
+        let _ = writeln!(out, "max_in_flight = {}", self.max_in_flight);
+        let _ = writeln!(out, "max_connections = {}", self.max_connections);
         let _ = writeln!(out, "\n[store]");
         let url = match &self.store.url {
             StoreUrl::Memory => "memory".to_string(),
@@ -304,6 +329,12 @@ impl Config {
             out,
             "replicas_ack_timeout = {}",
             q(&d(self.store.replicas_ack_timeout))
+        );
+        let _ = writeln!(out, "breaker_threshold = {}", self.store.breaker_threshold);
+        let _ = writeln!(
+            out,
+            "breaker_cooldown = {}",
+            q(&d(self.store.breaker_cooldown))
         );
         let _ = writeln!(out, "\n[dedup]");
         let _ = writeln!(out, "lease = {}", q(&d(self.dedup.lease)));
@@ -492,6 +523,28 @@ pub fn resolve_secret(
     })
 }
 
+/// A positive whole number, written as a TOML integer or a string of digits.
+fn parse_count(field: &str, v: Option<toml::Value>, default: u64) -> Result<u64, ConfigError> {
+    let n = match v {
+        None => default,
+        Some(toml::Value::Integer(i)) => u64::try_from(i)
+            .map_err(|_| ConfigError::new(field, format!("`{i}` must be a positive number")))?,
+        Some(toml::Value::String(s)) => s.trim().replace('_', "").parse().map_err(|_| {
+            ConfigError::new(field, format!("`{s}` is not a whole number like 1024"))
+        })?,
+        Some(other) => {
+            return Err(ConfigError::new(
+                field,
+                format!("`{other}` is not a whole number like 1024"),
+            ));
+        }
+    };
+    if n == 0 {
+        return Err(ConfigError::new(field, "must be at least 1"));
+    }
+    Ok(n)
+}
+
 fn one_of<T: Copy>(field: &str, s: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
     options
         .iter()
@@ -551,6 +604,19 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         raw.max_response.as_deref().unwrap_or("1MiB"),
     )?;
     let shutdown_grace = dur("shutdown_grace", raw.shutdown_grace, "25s")?;
+    let header_timeout = dur("header_timeout", raw.header_timeout, "10s")?;
+    let body_timeout = dur("body_timeout", raw.body_timeout, "10s")?;
+    let max_in_flight = parse_count("max_in_flight", raw.max_in_flight, 1024)?;
+    let max_connections = parse_count("max_connections", raw.max_connections, 4096)?;
+    // A semaphore holds at most usize::MAX >> 3 permits; anything near is "unbounded".
+    let cap = |field: &str, n: u64| -> Result<usize, ConfigError> {
+        usize::try_from(n)
+            .ok()
+            .filter(|n| *n <= 1 << 30)
+            .ok_or_else(|| ConfigError::new(field, "must be at most 1073741824"))
+    };
+    let max_in_flight = cap("max_in_flight", max_in_flight)?;
+    let max_connections = cap("max_connections", max_connections)?;
 
     let store_section = raw.store.is_some();
     let rs = raw.store.unwrap_or_default();
@@ -617,6 +683,13 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
                 ("pass", OnStoreError::Pass),
             ],
         )?,
+        breaker_threshold: u32::try_from(parse_count(
+            "store.breaker_threshold",
+            rs.breaker_threshold,
+            5,
+        )?)
+        .map_err(|_| ConfigError::new("store.breaker_threshold", "is too large"))?,
+        breaker_cooldown: dur("store.breaker_cooldown", rs.breaker_cooldown, "1s")?,
     };
 
     let rd = raw.dedup.unwrap_or_default();
@@ -736,6 +809,10 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         max_body,
         max_response,
         shutdown_grace,
+        header_timeout,
+        body_timeout,
+        max_in_flight,
+        max_connections,
         store,
         dedup,
         routes,
@@ -796,6 +873,57 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         assert_eq!(c.dedup.retention, Duration::from_secs(72 * 3600));
         assert_eq!(c.dedup.in_flight, InFlightPolicy::Reject);
         assert_eq!(c.dedup.wait_timeout, Duration::from_secs(5));
+        assert_eq!(c.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.body_timeout, Duration::from_secs(10));
+        assert_eq!(c.max_in_flight, 1024);
+        assert_eq!(c.max_connections, 4096);
+        assert_eq!(c.store.breaker_threshold, 5);
+        assert_eq!(c.store.breaker_cooldown, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn limits_and_breaker_fields_are_validated() {
+        let c = Config::from_toml_with_env(
+            r#"
+max_in_flight = 8
+max_connections = "16"
+body_timeout = "2s"
+header_timeout = "3s"
+[store]
+url = "memory"
+breaker_threshold = 2
+breaker_cooldown = "250ms"
+"#,
+            env_none,
+        )
+        .unwrap();
+        assert_eq!((c.max_in_flight, c.max_connections), (8, 16));
+        assert_eq!(c.body_timeout, Duration::from_secs(2));
+        assert_eq!(c.header_timeout, Duration::from_secs(3));
+        assert_eq!(c.store.breaker_threshold, 2);
+        assert_eq!(c.store.breaker_cooldown, Duration::from_millis(250));
+        assert_eq!(err("max_in_flight = 0").field, "max_in_flight");
+        assert_eq!(err("max_in_flight = -3").field, "max_in_flight");
+        assert_eq!(err("max_connections = \"many\"").field, "max_connections");
+        assert_eq!(err("max_connections = 1.5").field, "max_connections");
+        assert_eq!(
+            err("max_connections = 99999999999").field,
+            "max_connections"
+        );
+        assert_eq!(err("body_timeout = \"0s\"").field, "body_timeout");
+        assert_eq!(err("header_timeout = \"soon\"").field, "header_timeout");
+        assert_eq!(
+            err("[store]\nbreaker_threshold = 0").field,
+            "store.breaker_threshold"
+        );
+        assert_eq!(
+            err("[store]\nbreaker_cooldown = \"0s\"").field,
+            "store.breaker_cooldown"
+        );
+        // what check-config prints is itself accepted again
+        let again = Config::from_toml_with_env(&c.redacted_toml(), env_none).unwrap();
+        assert_eq!(again.max_connections, 16);
+        assert_eq!(again.store.breaker_cooldown, Duration::from_millis(250));
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub struct Gate<S> {
     upstream: Upstream,
     metrics: Arc<Metrics>,
     max_body: usize,
+    body_timeout: Duration,
     on_error: OnStoreError,
     in_flight: InFlightPolicy,
     wait_timeout: Duration,
@@ -180,7 +181,7 @@ pub fn error_answer(r: &Refused) -> Answer {
     if let Some(secs) = r.retry_after {
         h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
-    if r.status == StatusCode::PAYLOAD_TOO_LARGE {
+    if r.status == StatusCode::PAYLOAD_TOO_LARGE || r.status == StatusCode::REQUEST_TIMEOUT {
         h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     resp
@@ -232,6 +233,8 @@ fn unix_now() -> i64 {
 enum BodyError {
     TooLarge,
     Broken,
+    /// Not all of it arrived within `body_timeout`.
+    Slow,
 }
 
 impl<S: Store> Gate<S> {
@@ -259,6 +262,7 @@ impl<S: Store> Gate<S> {
             ),
             metrics,
             max_body: config.max_body,
+            body_timeout: config.body_timeout,
             on_error: config.store.on_error,
             in_flight: config.dedup.in_flight,
             wait_timeout: config.dedup.wait_timeout,
@@ -272,6 +276,33 @@ impl<S: Store> Gate<S> {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The answer to a delivery refused because `max_in_flight` deliveries are in hand:
+    /// a fast 503 before anything is read, counted `overloaded`.
+    pub fn overloaded(&self, path: &str) -> Answer {
+        let (route, rm) = match self.routes.get(path) {
+            Some(e) => (&*e.route.name, &e.metrics),
+            None => ("-", &self.no_route),
+        };
+        rm.record(Outcome::Overloaded, 0.0);
+        tracing::info!(
+            route,
+            key = "-",
+            outcome = "overloaded",
+            status = 503u16,
+            duration_ms = 0.0,
+            "delivery"
+        );
+        error_answer(
+            &Refused::new(
+                Outcome::Overloaded,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "too many deliveries in progress; retry later",
+            )
+            .retry_after(1),
+        )
     }
 
     /// Handles one delivery from receipt to answer, and records it (metric + log line).
@@ -341,6 +372,15 @@ impl<S: Store> Gate<S> {
                 );
                 return (r.outcome, error_answer(&r));
             }
+            Err(BodyError::Slow) => {
+                let r = Refused::new(
+                    Outcome::ClientTimeout,
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    "the request body did not arrive within body_timeout",
+                );
+                return (r.outcome, error_answer(&r));
+            }
             Err(BodyError::Broken) => {
                 let r = Refused::new(
                     Outcome::BadRequest,
@@ -400,7 +440,8 @@ impl<S: Store> Gate<S> {
         }
     }
 
-    /// Reads the body under `max_body`, refusing an announced oversize at once.
+    /// Reads the body under `max_body` and `body_timeout`, refusing an announced
+    /// oversize at once.
     async fn read_body<B>(&self, headers: &http::HeaderMap, body: B) -> Result<Bytes, BodyError>
     where
         B: Body<Data = Bytes>,
@@ -414,7 +455,11 @@ impl<S: Store> Gate<S> {
         {
             return Err(BodyError::TooLarge);
         }
-        match Limited::new(body, self.max_body).collect().await {
+        let read = Limited::new(body, self.max_body).collect();
+        let Ok(read) = tokio::time::timeout(self.body_timeout, read).await else {
+            return Err(BodyError::Slow);
+        };
+        match read {
             Ok(c) => Ok(c.to_bytes()),
             Err(e)
                 if e.downcast_ref::<http_body_util::LengthLimitError>()
@@ -434,8 +479,12 @@ impl<S: Store> Gate<S> {
     ) -> Result<T, StoreError> {
         let t = Instant::now();
         let r = f.await;
-        self.metrics
-            .store_op(op, t.elapsed().as_secs_f64(), r.is_err());
+        // A call the circuit breaker refused never reached the store: it shows as
+        // idemgate_store_circuit_open, not as a store error or latency.
+        if !matches!(r, Err(StoreError::CircuitOpen)) {
+            self.metrics
+                .store_op(op, t.elapsed().as_secs_f64(), r.is_err());
+        }
         r
     }
 
@@ -466,7 +515,13 @@ impl<S: Store> Gate<S> {
         upstream_key: Option<HeaderValue>,
         err: StoreError,
     ) -> (Outcome, Answer) {
-        tracing::warn!(route = &*route.name, error = %err, "store unavailable");
+        if matches!(err, StoreError::CircuitOpen) {
+            // The breaker logged its opening once; a line per refused delivery would
+            // flood the log at the moment it matters.
+            tracing::debug!(route = &*route.name, error = %err, "store unavailable");
+        } else {
+            tracing::warn!(route = &*route.name, error = %err, "store unavailable");
+        }
         match self.on_error {
             OnStoreError::Reject => {
                 let r = Refused::new(

@@ -21,10 +21,14 @@ pub enum Outcome {
     StoreUnavailable,
     Bypassed,
     NoRoute,
+    /// Over `max_in_flight`: refused with a fast 503 before anything was read.
+    Overloaded,
+    /// The body did not arrive within `body_timeout` (408).
+    ClientTimeout,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -36,6 +40,8 @@ impl Outcome {
         Outcome::StoreUnavailable,
         Outcome::Bypassed,
         Outcome::NoRoute,
+        Outcome::Overloaded,
+        Outcome::ClientTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -51,6 +57,8 @@ impl Outcome {
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Bypassed => "bypassed",
             Outcome::NoRoute => "no_route",
+            Outcome::Overloaded => "overloaded",
+            Outcome::ClientTimeout => "client_timeout",
         }
     }
 
@@ -96,6 +104,12 @@ pub struct Metrics {
     store_duration: [Histogram; 4],
     store_errors: [IntCounter; 4],
     pub in_flight: IntGauge,
+    /// 1 while the store's circuit breaker is open (or half-open), else 0.
+    pub store_circuit_open: IntGauge,
+    /// Webhook connections open now.
+    pub connections: IntGauge,
+    /// Webhook connections closed at once because `max_connections` were open.
+    pub connections_refused: IntCounter,
 }
 
 /// One route's handles, resolved at start.
@@ -168,6 +182,21 @@ impl Metrics {
         .expect("valid metric");
         let in_flight = IntGauge::new("idemgate_in_flight", "Deliveries being processed now.")
             .expect("valid metric");
+        let store_circuit_open = IntGauge::new(
+            "idemgate_store_circuit_open",
+            "1 while the store circuit breaker is open and deliveries get 503 without asking the store.",
+        )
+        .expect("valid metric");
+        let connections = IntGauge::new(
+            "idemgate_connections",
+            "Webhook connections open now (at most max_connections).",
+        )
+        .expect("valid metric");
+        let connections_refused = IntCounter::new(
+            "idemgate_connections_refused_total",
+            "Webhook connections closed on accept because max_connections were open.",
+        )
+        .expect("valid metric");
         let lease_lost = IntCounterVec::new(
             Opts::new(
                 "idemgate_lease_lost_total",
@@ -195,6 +224,9 @@ impl Metrics {
             Box::new(store_duration_vec.clone()),
             Box::new(store_errors_vec.clone()),
             Box::new(in_flight.clone()),
+            Box::new(store_circuit_open.clone()),
+            Box::new(connections.clone()),
+            Box::new(connections_refused.clone()),
             Box::new(lease_lost.clone()),
             Box::new(build_info),
         ] {
@@ -213,6 +245,9 @@ impl Metrics {
             store_duration,
             store_errors,
             in_flight,
+            store_circuit_open,
+            connections,
+            connections_refused,
         }
     }
 

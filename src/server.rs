@@ -3,6 +3,12 @@
 //! Each delivery runs in its own task, tracked for shutdown: a provider that hangs up
 //! mid-delivery cannot cancel a claimed delivery half-way (it still completes or
 //! releases its claim), and SIGTERM waits for every delivery in hand.
+//!
+//! Everything a client can hold is bounded: connections (`max_connections`; one more
+//! is closed at once), deliveries in hand (`max_in_flight`; one more gets a fast 503),
+//! the time to a connection's first bytes and to a request's headers
+//! (`header_timeout`), the header size (`MAX_HEAD_BYTES`), HTTP/2 streams per
+//! connection, and (in the gate) the body's size and arrival time.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,17 +24,28 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::admin;
 use crate::config::{Config, StoreUrl};
 use crate::gate::Gate;
 use crate::metrics::Metrics;
-use crate::store::{Lifetimes, MemoryStore, RedisStore, Store};
+use crate::store::{Breaker, Lifetimes, MemoryStore, RedisStore, Store};
 
-/// How long a client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head (request line + headers) read into memory per
+/// connection; a larger one gets 431. Also caps the per-connection read buffer.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Concurrent HTTP/2 streams per connection (hyper's default is not bounded as tightly).
+const MAX_H2_STREAMS: u32 = 128;
+
+/// Admin connections open at once (scrapers and probes; never provider traffic).
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// The first bytes of every HTTP/2 prior-knowledge connection.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -55,6 +72,11 @@ pub async fn run(
     match &config.store.url {
         StoreUrl::Memory => {
             let store = MemoryStore::new(lifetimes);
+            let store = Breaker::new(
+                store,
+                config.store.breaker_threshold,
+                config.store.breaker_cooldown,
+            );
             Bound::bind(&config, store).await?.serve(shutdown).await
         }
         StoreUrl::Redis(url) => {
@@ -68,6 +90,11 @@ pub async fn run(
                 config.store.min_replicas_ack,
                 config.store.replicas_ack_timeout,
             );
+            let store = Breaker::new(
+                store,
+                config.store.breaker_threshold,
+                config.store.breaker_cooldown,
+            );
             Bound::bind(&config, store).await?.serve(shutdown).await
         }
     }
@@ -79,6 +106,9 @@ pub struct Bound<S> {
     admin: TcpListener,
     gate: Arc<Gate<S>>,
     grace: Duration,
+    header_timeout: Duration,
+    max_in_flight: usize,
+    max_connections: usize,
 }
 
 impl<S: Store> Bound<S> {
@@ -103,6 +133,9 @@ impl<S: Store> Bound<S> {
             admin,
             gate,
             grace: config.shutdown_grace,
+            header_timeout: config.header_timeout,
+            max_in_flight: config.max_in_flight,
+            max_connections: config.max_connections,
         })
     }
 
@@ -130,6 +163,9 @@ impl<S: Store> Bound<S> {
             admin,
             gate,
             grace,
+            header_timeout,
+            max_in_flight,
+            max_connections,
         } = self;
         tracing::info!(
             listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
@@ -140,41 +176,87 @@ impl<S: Store> Bound<S> {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .header_read_timeout(header_timeout)
+            .max_buf_size(MAX_HEAD_BYTES)
             .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_H2_STREAMS)
+            .max_header_list_size(MAX_HEAD_BYTES as u32);
         let graceful = GracefulShutdown::new();
         let deliveries = TaskTracker::new();
         let admin_conns = TaskTracker::new();
+        let connections = Arc::new(Semaphore::new(max_connections));
+        let admin_connections = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
+        let in_flight = Arc::new(Semaphore::new(max_in_flight));
         tokio::pin!(shutdown);
 
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Some(io) = accepted_io(accepted).await else { continue };
+                    let Some(stream) = accepted_stream(accepted).await else { continue };
+                    // Over the limit: close at once (the client sees the connection
+                    // end) rather than queue it.
+                    let Ok(slot) = connections.clone().try_acquire_owned() else {
+                        gate.metrics().connections_refused.inc();
+                        tracing::debug!("max_connections reached: connection closed");
+                        drop(stream);
+                        continue;
+                    };
+                    let open = OpenConnection::new(&gate.metrics().connections);
                     let gate = gate.clone();
                     let deliveries = deliveries.clone();
+                    let in_flight = in_flight.clone();
                     let svc = service_fn(move |req: http::Request<Incoming>| {
-                        let gate = gate.clone();
-                        let task = deliveries.spawn(async move { gate.handle(req).await });
+                        // Spawned at once, so a provider hanging up cannot cancel it.
+                        let pending = match in_flight.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                let gate = gate.clone();
+                                Ok(deliveries.spawn(async move {
+                                    let _permit = permit;
+                                    gate.handle(req).await
+                                }))
+                            }
+                            Err(_) => Err(gate.overloaded(req.uri().path())),
+                        };
                         async move {
-                            Ok::<_, Infallible>(task.await.unwrap_or_else(|_| internal_error()))
+                            Ok::<_, Infallible>(match pending {
+                                Ok(task) => task.await.unwrap_or_else(|_| internal_error()),
+                                Err(answer) => answer,
+                            })
                         }
                     });
-                    let conn = graceful.watch(builder.serve_connection(io, svc).into_owned());
+                    let builder = builder.clone();
+                    let watcher = graceful.watcher();
                     tokio::spawn(async move {
-                        let _ = conn.await;
+                        let _slot = slot;
+                        let _open = open;
+                        if !first_bytes(&stream, header_timeout).await {
+                            return;
+                        }
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                        let _ = watcher.watch(conn).await;
                     });
                 }
                 accepted = admin.accept() => {
-                    let Some(io) = accepted_io(accepted).await else { continue };
+                    let Some(stream) = accepted_stream(accepted).await else { continue };
+                    let Ok(slot) = admin_connections.clone().try_acquire_owned() else {
+                        drop(stream);
+                        continue;
+                    };
                     let gate = gate.clone();
                     let svc = service_fn(move |req| {
                         let gate = gate.clone();
                         async move { Ok::<_, Infallible>(admin::handle(&gate, req).await) }
                     });
-                    let conn = builder.serve_connection(io, svc).into_owned();
+                    let builder = builder.clone();
                     admin_conns.spawn(async move {
-                        let _ = conn.await;
+                        let _slot = slot;
+                        if !first_bytes(&stream, header_timeout).await {
+                            return;
+                        }
+                        let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
                     });
                 }
                 _ = &mut shutdown => break,
@@ -204,13 +286,11 @@ impl<S: Store> Bound<S> {
     }
 }
 
-async fn accepted_io(
-    accepted: std::io::Result<(tokio::net::TcpStream, SocketAddr)>,
-) -> Option<TokioIo<tokio::net::TcpStream>> {
+async fn accepted_stream(accepted: std::io::Result<(TcpStream, SocketAddr)>) -> Option<TcpStream> {
     match accepted {
         Ok((stream, _)) => {
             let _ = stream.set_nodelay(true);
-            Some(TokioIo::new(stream))
+            Some(stream)
         }
         Err(e) => {
             // Out of file descriptors and the like: back off instead of spinning.
@@ -218,6 +298,49 @@ async fn accepted_io(
             tokio::time::sleep(Duration::from_millis(50)).await;
             None
         }
+    }
+}
+
+/// Waits until a new connection has sent enough to tell HTTP/1 from HTTP/2, within
+/// `within`; false when it sends nothing (or only part of the HTTP/2 preface) in time,
+/// or closes. hyper's own header timeout starts only after this, and its HTTP/1-or-2
+/// detection has no deadline of its own: without this, a connection that never sends
+/// a byte would hold its `max_connections` slot forever.
+async fn first_bytes(stream: &TcpStream, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n >= H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] {
+            return true;
+        }
+        // Part of an HTTP/2 preface: peek again shortly (bounded by the deadline).
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Counts a webhook connection in `idemgate_connections` while it lives.
+struct OpenConnection(prometheus::IntGauge);
+
+impl OpenConnection {
+    fn new(g: &prometheus::IntGauge) -> Self {
+        g.inc();
+        OpenConnection(g.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

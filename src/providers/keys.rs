@@ -141,6 +141,13 @@ impl KeySource {
                 let mut found: Option<String> = None;
                 for (k, v) in form_urlencoded::parse(body) {
                     if k == field.as_str() {
+                        // form_urlencoded decodes invalid UTF-8 lossily: distinct raw
+                        // keys would collapse into one, so refuse them instead.
+                        if v.contains('\u{FFFD}') {
+                            return Err(KeyError::Invalid(
+                                "the key field is not valid UTF-8 once decoded",
+                            ));
+                        }
                         if found.as_deref().is_some_and(|f| f != v) {
                             return Err(KeyError::Invalid(
                                 "the key field appears twice with different values",
@@ -342,5 +349,15 @@ mod tests {
             s.extract(&e, b"notify_id=1&notify_id=2"),
             Err(KeyError::Invalid(_))
         ));
+        for bad in [
+            &b"notify_id=%FF%FE"[..],
+            b"notify_id=a%C3",
+            b"notify_id=%00",
+        ] {
+            assert!(
+                matches!(s.extract(&e, bad), Err(KeyError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -9,6 +9,7 @@
 //! claims again). A claim is owned by a random per-attempt token; renew, complete and
 //! release succeed only for the current owner (fencing).
 
+pub mod breaker;
 pub mod connection;
 pub mod memory;
 pub mod redis;
@@ -21,6 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::providers::Fingerprint;
+pub use breaker::Breaker;
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -124,6 +126,9 @@ pub enum StoreError {
     Timeout,
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The circuit breaker is open after repeated failures: the store was not asked.
+    #[error("store circuit breaker open after repeated failures; not asked")]
+    CircuitOpen,
 }
 
 /// Lease and retention, fixed per store at start.
@@ -174,6 +179,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether a circuit breaker currently keeps calls from reaching the store (for
+    /// `idemgate_store_circuit_open`); plain stores have none.
+    fn circuit_open(&self) -> bool {
+        false
+    }
 
     /// Claims, and while another holder has the key, polls until it completes or is
     /// released, or `deadline` passes (then the last `InFlight` is returned).

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod load;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -102,6 +103,19 @@ pub fn unique_id(prefix: &str) -> String {
         .unwrap()
         .subsec_nanos();
     format!("{prefix}_{}_{n}_{nanos}", std::process::id())
+}
+
+/// VmRSS of a process, in KiB (0 when unreadable).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn read_file_lossy(path: &PathBuf) -> String {
@@ -338,17 +352,27 @@ pub struct RedisServer {
     port: u16,
     child: Option<Child>,
     dir: TempDir,
+    /// extra redis-server arguments (e.g. durable AOF for crash tests)
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a new server on a fresh port and waits until it answers PING.
     pub fn start_new() -> RedisServer {
+        Self::start_new_with(&[])
+    }
+
+    /// Like [`start_new`](Self::start_new), with extra `redis-server` arguments that
+    /// also apply on every restart (e.g. `--appendonly yes --appendfsync always`, so
+    /// that a SIGKILL loses nothing Redis acknowledged).
+    pub fn start_new_with(extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("tempdir");
         for _ in 0..5 {
             let mut r = RedisServer {
                 port: free_port(),
                 child: None,
                 dir: tempfile::tempdir().expect("tempdir"),
+                extra: extra.iter().map(|s| s.to_string()).collect(),
             };
             if r.try_start() {
                 return r;
@@ -381,6 +405,7 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -978,6 +1003,11 @@ impl Sidecar {
     }
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("process").id()
+    }
+
+    /// The process's resident set size (VmRSS from /proc/PID/status), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.pid())
     }
 
     async fn wait_healthy(&mut self, deadline: Duration) -> Result<(), String> {
