@@ -131,7 +131,7 @@ proptest! {
         body in any::<Vec<u8>>(),
     ) {
         let v = StandardWebhooks::new(
-            &[Secret { source: SECRET.into(), value: SECRET.as_bytes().to_vec() }],
+            &[Secret { source: SECRET.into(), value: SECRET.as_bytes().to_vec(), id: None }],
             Duration::from_secs(300),
         ).unwrap();
         let ts = (now + skew).to_string();

@@ -35,6 +35,7 @@ fn verifier() -> StandardWebhooks {
     let s = Secret {
         source: SECRET.into(),
         value: SECRET.as_bytes().to_vec(),
+        id: None,
     };
     StandardWebhooks::new(&[s], Duration::from_secs(TOLERANCE as u64)).expect("valid secret")
 }
