@@ -186,26 +186,29 @@ pub fn main(config: Option<&Path>, args: DeliveriesArgs) -> ExitCode {
             "the store is the in-memory store: there is no delivery log to read (configure [store] url = \"redis://…\")",
         );
     };
-    let store = match RedisStore::new(
-        url,
-        &config.store.key_prefix,
-        Lifetimes {
-            lease: config.dedup.lease,
-            retention: config.dedup.retention,
-        },
-        config.store.timeout,
-    ) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    runtime.block_on(run(&config, &store, args))
+    runtime.block_on(async {
+        // The connection is prepared inside the runtime (it spawns its driver there).
+        let store = match RedisStore::new(
+            url,
+            &config.store.key_prefix,
+            Lifetimes {
+                lease: config.dedup.lease,
+                retention: config.dedup.retention,
+            },
+            config.store.timeout,
+        ) {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        };
+        run(&config, &store, args).await
+    })
 }
 
 async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitCode {
