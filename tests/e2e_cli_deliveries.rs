@@ -22,7 +22,7 @@ impl Cli {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        Command::new(env!("CARGO_BIN_EXE_idemgate"))
             .arg("deliveries")
             .args(args)
             .arg("--config")
@@ -31,8 +31,7 @@ impl Cli {
             .env("OPS_TOKEN", OPS_TOKEN)
             .env("USER", "tester")
             .output()
-            .expect("run idemgate deliveries");
-        out
+            .expect("run idemgate deliveries")
     }
 
     fn ok(&self, args: &[&str]) -> String {

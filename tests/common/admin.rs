@@ -13,9 +13,14 @@ pub const OPS_TOKEN: &str = "ops-token-abcdefghijklmnop";
 
 /// A sidecar on `redis` with the admin API on and `keep_payload = true` on the route.
 pub fn builder(upstream: &Upstream, redis: &RedisServer) -> SidecarBuilder {
+    builder_on(upstream, &redis.url())
+}
+
+/// The same, on any store URL (a cluster, Sentinel).
+pub fn builder_on(upstream: &Upstream, store_url: &str) -> SidecarBuilder {
     let mut route = RouteCfg::standard(ROUTE, PATH);
     route.extra = "keep_payload = true\n".into();
-    SidecarBuilder::new(&upstream.url(), &redis.url())
+    SidecarBuilder::new(&upstream.url(), store_url)
         .route(route)
         .top("admin_token", "ops=env:OPS_TOKEN")
         .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
