@@ -371,3 +371,73 @@ where
         _ => not_found(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "IDEMGATE_ADMIN_TOKEN" => Some("env-admin-token-0123456789".into()),
+            "OPS" => Some("ops-token-0123456789abcdef".into()),
+            "SHORT" => Some("short".into()),
+            _ => None,
+        }
+    }
+
+    fn console(toml: &str) -> Result<Console, crate::config::ConfigError> {
+        Config::from_toml_with_env(toml, env).map(|c| Console::new(&c))
+    }
+
+    #[test]
+    fn tokens_come_from_the_environment_and_named_entries() {
+        let c = console(r#"admin_token = ["ops=env:OPS"]"#).unwrap();
+        assert!(c.enabled());
+        assert_eq!(
+            c.token_name(b"env-admin-token-0123456789").as_deref(),
+            Some("admin")
+        );
+        assert_eq!(
+            c.token_name(b"ops-token-0123456789abcdef").as_deref(),
+            Some("ops")
+        );
+        assert_eq!(c.token_name(b"ops-token-0123456789abcde"), None);
+        assert_eq!(c.token_name(b""), None);
+    }
+
+    #[test]
+    fn short_or_missing_tokens_are_configuration_errors() {
+        let e = console(r#"admin_token = "x=env:SHORT""#).err().unwrap();
+        assert_eq!(e.field, "admin_token[0]");
+        let e = console(r#"admin_token = "x=env:MISSING""#).err().unwrap();
+        assert!(e.message.contains("MISSING"));
+        let e = console(r#"admin_token = ["env:OPS", "env:OPS"]"#)
+            .err()
+            .unwrap();
+        assert!(e.message.contains("named `admin`"), "{e}");
+    }
+
+    #[test]
+    fn without_a_token_the_console_is_off_and_check_config_redacts_tokens() {
+        let c = Config::from_toml_with_env("", |_| None).unwrap();
+        assert!(!Console::new(&c).enabled());
+        let c = Config::from_toml_with_env(r#"admin_token = "ops=env:OPS""#, env).unwrap();
+        let shown = c.redacted_toml();
+        assert!(shown.contains("ops=env:OPS"), "{shown}");
+        assert!(!shown.contains("ops-token-0123456789abcdef"));
+        let c = Config::from_toml_with_env(r#"admin_token = "a-literal-token-123456""#, |_| None)
+            .unwrap();
+        assert!(!c.redacted_toml().contains("a-literal-token-123456"));
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; idemgate_session=abc; b=2"),
+        );
+        assert_eq!(cookie(&h, COOKIE).as_deref(), Some("abc"));
+        assert_eq!(cookie(&h, "zzz"), None);
+    }
+}
