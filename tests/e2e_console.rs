@@ -168,21 +168,52 @@ async fn the_cookie_is_httponly_strict_and_forms_need_the_csrf_token() {
         .build()
         .unwrap();
 
-    let bad = client
-        .post(sc.admin_url("/admin/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("token=wrong-token-wrong-token")
+    // The login form carries a CSRF token, doubled in a cookie.
+    let form = client
+        .get(sc.admin_url("/admin/login"))
         .send()
         .await
         .unwrap();
+    let login_cookie = form.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(login_cookie.contains("HttpOnly") && login_cookie.contains("SameSite=Strict"));
+    let login_cookie = login_cookie.split(';').next().unwrap().to_string();
+    let html = form.text().await.unwrap();
+    let login_csrf = html
+        .split("name=csrf value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .expect("a CSRF token in the login form")
+        .to_string();
+    let login = |body: String, with_cookie: bool| {
+        let mut rb = client
+            .post(sc.admin_url("/admin/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        if with_cookie {
+            rb = rb.header("cookie", &login_cookie);
+        }
+        rb.send()
+    };
+    let bad = login(
+        format!("csrf={login_csrf}&token=wrong-token-wrong-token"),
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(bad.status().as_u16(), 401);
-    assert!(bad.headers().get("set-cookie").is_none());
+    assert!(
+        !bad.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("idemgate_session")
+    );
+    // The right token without the CSRF cookie (a cross-site form) is refused.
+    let forged = login(format!("csrf={login_csrf}&token={OPS_TOKEN}"), false)
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
 
-    let ok = client
-        .post(sc.admin_url("/admin/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={OPS_TOKEN}"))
-        .send()
+    let ok = login(format!("csrf={login_csrf}&token={OPS_TOKEN}"), true)
         .await
         .unwrap();
     assert_eq!(ok.status().as_u16(), 303);

@@ -170,6 +170,21 @@ impl Console {
     }
 }
 
+/// The login form's double-submit CSRF cookie.
+const LOGIN_COOKIE: &str = "idemgate_login";
+
+/// The login form, with a fresh CSRF token in the form and in a cookie.
+fn login_page(error: Option<&str>) -> Answer {
+    let csrf = hex::encode(rand::random::<[u8; 16]>());
+    let mut r = pages::login(error, &csrf);
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{LOGIN_COOKIE}={csrf}; HttpOnly; SameSite=Strict; Path=/admin; Max-Age=3600"
+    )) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
 /// One cookie's value from the `Cookie` headers.
 fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
@@ -304,9 +319,15 @@ where
 
     // The web page: a session cookie, CSRF tokens on every form that changes something.
     match (method.as_str(), &segs[1..]) {
-        ("GET", ["login"]) => return pages::login(None),
+        ("GET", ["login"]) => return login_page(None),
         ("POST", ["login"]) => {
+            let want = cookie(&parts.headers, LOGIN_COOKIE).unwrap_or_default();
             let form = read_form(body).await.unwrap_or_default();
+            let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
+            if want.is_empty() || !bool::from(want.as_bytes().ct_eq(sent)) {
+                tracing::warn!(target: "idemgate::audit", "console login refused: bad CSRF token");
+                return login_page(Some("The form was out of date; please sign in again."));
+            }
             let token = form.get("token").map(String::as_str).unwrap_or("");
             return match console.token_name(token.trim().as_bytes()) {
                 Some(who) => {
@@ -323,7 +344,7 @@ where
                 }
                 None => {
                     tracing::warn!(target: "idemgate::audit", "console login refused: wrong token");
-                    pages::login(Some("That token is not valid."))
+                    login_page(Some("That token is not valid."))
                 }
             };
         }
@@ -335,6 +356,16 @@ where
     match (method.as_str(), &segs[1..]) {
         ("GET", [] | [""]) => pages::list(gate, &caller, query).await,
         ("POST", ["logout"]) => {
+            let form = read_form(body).await.unwrap_or_default();
+            let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
+            let want = caller.csrf.as_deref().unwrap_or("").as_bytes();
+            if want.is_empty() || !bool::from(want.ct_eq(sent)) {
+                return pages::message(
+                    StatusCode::FORBIDDEN,
+                    "Refused",
+                    "This form is out of date (CSRF check failed). Go back, reload and try again.",
+                );
+            }
             console.logout(&parts.headers);
             audit(&caller.who, "logout", "-", "-", "ok");
             let mut r = redirect("/admin/login");

@@ -62,11 +62,13 @@ pub(crate) fn esc(s: &str) -> String {
     out
 }
 
-fn page(status: StatusCode, title: &str, who: Option<&str>, body: &str) -> Answer {
-    let nav = match who {
-        Some(w) => format!(
-            "<span>signed in as <b>{}</b></span><form method=post action=\"/admin/logout\"><button class=\"button plain\">Sign out</button></form>",
-            esc(w)
+fn page(status: StatusCode, title: &str, caller: Option<&Caller>, body: &str) -> Answer {
+    let nav = match caller {
+        Some(c) => format!(
+            "<span>signed in as <b>{}</b></span><form method=post action=\"/admin/logout\">\
+             <input type=hidden name=csrf value=\"{}\"><button class=\"button plain\">Sign out</button></form>",
+            esc(&c.who),
+            esc(c.csrf.as_deref().unwrap_or(""))
         ),
         None => String::new(),
     };
@@ -110,7 +112,9 @@ pub(crate) fn message(status: StatusCode, title: &str, text: &str) -> Answer {
     )
 }
 
-pub(crate) fn login(error: Option<&str>) -> Answer {
+/// The login form; `csrf` is also set as the `idemgate_login` cookie by the caller
+/// (double submit: a cross-site page can neither read the cookie nor send it).
+pub(crate) fn login(error: Option<&str>, csrf: &str) -> Answer {
     let err = error
         .map(|e| format!("<p class=warn>{}</p>", esc(e)))
         .unwrap_or_default();
@@ -123,9 +127,10 @@ pub(crate) fn login(error: Option<&str>) -> Answer {
         "Sign in",
         None,
         &format!(
-            "<h1>Sign in</h1>{err}<form method=post action=\"/admin/login\">\
+            "<h1>Sign in</h1>{err}<form method=post action=\"/admin/login\"><input type=hidden name=csrf value=\"{}\">\
              <label>Admin token<input type=password name=token autocomplete=current-password autofocus required size=48></label>\
-             <p><button type=submit>Sign in</button></p></form>"
+             <p><button type=submit>Sign in</button></p></form>",
+            esc(csrf)
         ),
     )
 }
@@ -305,7 +310,7 @@ pub(crate) async fn list<S: Store>(gate: &Gate<S>, caller: &Caller, query: Optio
             },
         },
     }
-    page(StatusCode::OK, "Deliveries", Some(&caller.who), &body)
+    page(StatusCode::OK, "Deliveries", Some(caller), &body)
 }
 
 pub(crate) async fn detail<S: Store>(
@@ -321,7 +326,7 @@ pub(crate) async fn detail<S: Store>(
             return page(
                 StatusCode::NOT_FOUND,
                 "Not found",
-                Some(&caller.who),
+                Some(caller),
                 "<h1>No such delivery</h1><p>It was never seen, was forgotten, or its retention ran out.</p><p><a href=\"/admin/\">Back to the list</a></p>",
             );
         }
@@ -329,7 +334,7 @@ pub(crate) async fn detail<S: Store>(
             return page(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Store unavailable",
-                Some(&caller.who),
+                Some(caller),
                 &format!("<h1>Store unavailable</h1><p>{}</p>", esc(&e.to_string())),
             );
         }
@@ -429,7 +434,7 @@ pub(crate) async fn detail<S: Store>(
         "<a class=\"button danger\" id=forget href=\"{base}/confirm?action=forget\">Forget…</a> \
          <a class=\"button plain\" href=\"/admin/\">Back</a></p>"
     );
-    page(StatusCode::OK, "Delivery", Some(&caller.who), &body)
+    page(StatusCode::OK, "Delivery", Some(caller), &body)
 }
 
 pub(crate) fn confirm(caller: &Caller, route: &str, key: &str, action: &str) -> Answer {
@@ -459,7 +464,7 @@ pub(crate) fn confirm(caller: &Caller, route: &str, key: &str, action: &str) -> 
         esc(csrf),
         if action == "forget" { "danger" } else { "" },
     );
-    page(StatusCode::OK, "Confirm", Some(&caller.who), &body)
+    page(StatusCode::OK, "Confirm", Some(caller), &body)
 }
 
 pub(crate) async fn act<S: Store>(
