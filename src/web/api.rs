@@ -24,7 +24,7 @@ fn no_log() -> Answer {
     json_error(
         StatusCode::NOT_IMPLEMENTED,
         "no_delivery_log",
-        "this store keeps no delivery log (the in-memory store); use a Redis store",
+        "this store keeps no delivery log",
     )
 }
 

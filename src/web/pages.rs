@@ -267,7 +267,7 @@ pub(crate) async fn list<S: Store>(gate: &Gate<S>, caller: &Caller, query: Optio
     let store = gate.store();
     match store.log_support() {
         LogSupport::None => {
-            body.push_str("<p class=warn>This store keeps no delivery log (the in-memory store).</p>")
+            body.push_str("<p class=warn>This store keeps no delivery log.</p>")
         }
         LogSupport::ByKey => body.push_str(
             "<p class=warn>The recent-deliveries list is not kept on Redis Cluster; open a delivery by its key: <code>/admin/view/&lt;route&gt;/&lt;key&gt;</code>.</p>",
