@@ -98,12 +98,14 @@ pub(crate) async fn handle<S: Store>(
                 Ok(q) => q,
                 Err(m) => return json_error(StatusCode::BAD_REQUEST, "bad_request", &m),
             };
+            audit(&caller.who, "list", q.routes.join(",").as_str(), "-", "ok");
             match store.recent(&q).await {
                 Ok(page) => json(StatusCode::OK, &page.to_json()),
                 Err(e) => store_error(&e),
             }
         }
         (&Method::GET, [route, key]) => {
+            audit(&caller.who, "show", route, key, "ok");
             match store.log_entry(&DeliveryKey::new(*route, *key)).await {
                 Ok(Some(e)) => json(StatusCode::OK, &e.to_json()),
                 Ok(None) => json_error(StatusCode::NOT_FOUND, "not_found", "no such delivery"),
