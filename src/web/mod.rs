@@ -99,11 +99,15 @@ impl Console {
     }
 
     /// The name of the token `presented` is, compared in constant time against every
-    /// configured token (no early exit).
+    /// configured token (no early exit). Both sides are hashed first, so that neither
+    /// the comparison's time nor its early length check tells a token's length.
     fn token_name(&self, presented: &[u8]) -> Option<String> {
+        use sha2::Digest as _;
+        let presented = sha2::Sha256::digest(presented);
         let mut found = None;
         for (name, secret) in &self.tokens {
-            if bool::from(secret.as_slice().ct_eq(presented)) {
+            let secret = sha2::Sha256::digest(secret);
+            if bool::from(secret.as_slice().ct_eq(presented.as_slice())) {
                 found = Some(name.clone());
             }
         }
