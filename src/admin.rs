@@ -1,4 +1,5 @@
-//! The operations surface on `admin_listen`: `/healthz`, `/readyz`, `/metrics`.
+//! The operations surface on `admin_listen`: `/healthz`, `/readyz`, `/metrics`, and
+//! the operator console under `/admin/` (see `web`).
 //! Kept on its own listener so that provider traffic can never reach it.
 
 use bytes::Bytes;
@@ -19,7 +20,16 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-pub async fn handle<S: Store, B>(gate: &Gate<S>, req: Request<B>) -> Response<Full<Bytes>> {
+pub async fn handle<S: Store, B>(gate: &Gate<S>, req: Request<B>) -> Response<Full<Bytes>>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // The operator console and admin API (issue 8): off (404) without an admin token.
+    let path = req.uri().path();
+    if path == "/admin" || path.starts_with("/admin/") {
+        return crate::web::handle(gate, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }

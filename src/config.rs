@@ -51,6 +51,8 @@ struct RawConfig {
     max_connections: Option<toml::Value>,
     store: Option<RawStore>,
     dedup: Option<RawDedup>,
+    /// Admin API tokens (issue 8): one source or several, each `[name=]env:X|file:/p`.
+    admin_token: Option<OneOrMany>,
     #[serde(default, rename = "route")]
     routes: Vec<RawRoute>,
 }
@@ -97,6 +99,16 @@ struct RawRoute {
     signed: Option<String>,
     // `twilio`
     public_url: Option<String>,
+    /// Keep the request for an operator's replay (issue 8).
+    keep_payload: Option<bool>,
+}
+
+/// A field written as one string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 // ---------------------------------------------------------------------------------
@@ -127,7 +139,19 @@ pub struct Config {
     pub store: StoreConfig,
     pub dedup: DedupConfig,
     pub routes: Vec<RouteConfig>,
+    /// Tokens that open the admin API (`/admin/`); none = the admin API is off.
+    pub admin_tokens: Vec<AdminToken>,
 }
+
+/// One admin token: the name its actions are logged under, and its secret.
+#[derive(Debug, Clone)]
+pub struct AdminToken {
+    pub name: String,
+    pub secret: Secret,
+}
+
+/// The shortest admin token accepted: a guessable token would open the admin API.
+pub const ADMIN_TOKEN_MIN_LEN: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreUrl {
@@ -239,6 +263,8 @@ pub struct RouteConfig {
     pub key: Option<String>,
     pub upstream_path: Option<String>,
     pub custom: CustomFields,
+    /// Keep the request (size-capped, for `retention`) for an operator's replay.
+    pub keep_payload: bool,
 }
 
 /// The fields that only some providers read.
@@ -311,6 +337,14 @@ impl Config {
         let _ = writeln!(out, "body_timeout = {}", q(&d(self.body_timeout)));
         let _ = writeln!(out, "max_in_flight = {}", self.max_in_flight);
         let _ = writeln!(out, "max_connections = {}", self.max_connections);
+        if !self.admin_tokens.is_empty() {
+            let tokens: Vec<String> = self
+                .admin_tokens
+                .iter()
+                .map(|t| q(&format!("{}={}", t.name, redact_source(&t.secret.source))))
+                .collect();
+            let _ = writeln!(out, "admin_token = [{}]", tokens.join(", "));
+        }
         let _ = writeln!(out, "\n[store]");
         let url = match &self.store.url {
             StoreUrl::Memory => "memory".to_string(),
@@ -348,6 +382,9 @@ impl Config {
         for r in &self.routes {
             let _ = writeln!(out, "\n[[route]]");
             let _ = writeln!(out, "name = {}", q(&r.name));
+            if r.keep_payload {
+                let _ = writeln!(out, "keep_payload = true");
+            }
             let _ = writeln!(out, "path = {}", q(&r.path));
             let _ = writeln!(out, "provider = {}", q(&r.provider));
             let secrets: Vec<String> = r.secrets.iter().map(|s| q(&s.display())).collect();
@@ -554,6 +591,65 @@ fn one_of<T: Copy>(field: &str, s: &str, options: &[(&str, T)]) -> Result<T, Con
             let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
             ConfigError::new(field, format!("`{s}` is not one of: {}", names.join(", ")))
         })
+}
+
+/// The admin tokens: `IDEMGATE_ADMIN_TOKEN` (named `admin`) and the `admin_token`
+/// entries, each `[name=]source` with source `env:X`, `file:/path` or a literal.
+fn admin_tokens(
+    raw: Option<OneOrMany>,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<AdminToken>, ConfigError> {
+    let entries = match raw {
+        None => vec![],
+        Some(OneOrMany::One(s)) => vec![s],
+        Some(OneOrMany::Many(v)) => v,
+    };
+    let mut out = Vec::new();
+    if env("IDEMGATE_ADMIN_TOKEN").is_some_and(|v| !v.is_empty()) {
+        entries_push(
+            &mut out,
+            "IDEMGATE_ADMIN_TOKEN",
+            "admin",
+            "env:IDEMGATE_ADMIN_TOKEN",
+            env,
+        )?;
+    }
+    for (i, e) in entries.iter().enumerate() {
+        let field = format!("admin_token[{i}]");
+        let (name, source) = match split_key_id(e) {
+            (Some(n), s) => (n, s),
+            _ => ("admin", e.as_str()),
+        };
+        if out.iter().any(|t: &AdminToken| t.name == name) {
+            return Err(ConfigError::new(
+                field,
+                format!("two admin tokens are named `{name}`: write them `name=source`"),
+            ));
+        }
+        entries_push(&mut out, &field, name, source, env)?;
+    }
+    Ok(out)
+}
+
+fn entries_push(
+    out: &mut Vec<AdminToken>,
+    field: &str,
+    name: &str,
+    source: &str,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    let secret = resolve_secret(field, source, env)?;
+    if secret.value.len() < ADMIN_TOKEN_MIN_LEN {
+        return Err(ConfigError::new(
+            field,
+            format!("an admin token must be at least {ADMIN_TOKEN_MIN_LEN} characters"),
+        ));
+    }
+    out.push(AdminToken {
+        name: name.to_string(),
+        secret,
+    });
+    Ok(())
 }
 
 fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
@@ -789,6 +885,7 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
             tolerance,
             key: r.key,
             upstream_path: r.upstream_path,
+            keep_payload: r.keep_payload.unwrap_or(false),
             custom: CustomFields {
                 signature_header: r.signature_header,
                 hash: r.hash,
@@ -816,6 +913,7 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         store,
         dedup,
         routes,
+        admin_tokens: admin_tokens(raw.admin_token, env)?,
     };
     // Provider-specific checks (secret formats, tolerance rules, key sources) belong to
     // the providers; building every route once here reports them at start.

@@ -44,6 +44,8 @@ pub struct Gate<S> {
     in_flight: InFlightPolicy,
     wait_timeout: Duration,
     lease: Duration,
+    /// The operator console's state (issue 8): tokens, sessions, per-minute activity.
+    console: Arc<crate::web::Console>,
 }
 
 /// What to do after a claim attempt: the pure decision of the answer table.
@@ -267,6 +269,7 @@ impl<S: Store> Gate<S> {
             in_flight: config.dedup.in_flight,
             wait_timeout: config.dedup.wait_timeout,
             lease: config.dedup.lease,
+            console: Arc::new(crate::web::Console::new(config)),
         })
     }
 
@@ -305,6 +308,21 @@ impl<S: Store> Gate<S> {
         )
     }
 
+    /// The operator console's state (issue 8).
+    pub fn console(&self) -> &crate::web::Console {
+        &self.console
+    }
+
+    /// The forwarding client (for an operator's replay).
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// How long a claim holds without renewal.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// Handles one delivery from receipt to answer, and records it (metric + log line).
     pub async fn handle<B>(&self, req: Request<B>) -> Answer
     where
@@ -338,6 +356,7 @@ impl<S: Store> Gate<S> {
             .await;
         let elapsed = started.elapsed();
         entry.metrics.record(outcome, elapsed.as_secs_f64());
+        self.console.activity.record(&entry.route.name, outcome);
         tracing::info!(
             route = &*entry.route.name,
             key = key_for_log.as_deref().unwrap_or("-"),
@@ -406,11 +425,26 @@ impl<S: Store> Gate<S> {
         let dkey = DeliveryKey::new(route.name.clone(), identity.claim_key);
         let upstream_key = route.idempotency_header(&identity.delivery_key);
         *key_for_log = Some(identity.delivery_key);
+        // The delivery log keeps the request for an operator's replay (opt-in per route).
+        let kept = if self.console.keeps_payload(&route.name) {
+            crate::deliveries::KeptRequest::capture(
+                &parts.method,
+                &upstream_path(route, &parts),
+                &parts.headers,
+                upstream_key.as_ref(),
+                &body,
+            )
+        } else {
+            None
+        };
 
         // claim (and, with in_flight = "wait", wait for the holder)
         let mut waited = false;
         let mut claim = self
-            .timed(StoreOp::Claim, self.store.claim(&dkey, &fp))
+            .timed(
+                StoreOp::Claim,
+                self.store.claim_logged(&dkey, &fp, kept.as_ref(), false),
+            )
             .await;
         loop {
             let c = match claim {
@@ -593,6 +627,12 @@ impl<S: Store> Gate<S> {
             }
         };
         rm.upstream.observe(t.elapsed().as_secs_f64());
+        let settled = crate::deliveries::Settled {
+            outcome: "forwarded",
+            upstream_status: result.as_ref().ok().map(|r| r.status.as_u16()),
+            latency_ms: t.elapsed().as_millis() as u64,
+            restore_completed: false,
+        };
 
         match result {
             Ok(resp) if route.success.completes(resp.status, &resp.body) => {
@@ -602,7 +642,10 @@ impl<S: Store> Gate<S> {
                     body: resp.body.clone(),
                 };
                 match self
-                    .timed(StoreOp::Complete, self.store.complete(key, token, &stored))
+                    .timed(
+                        StoreOp::Complete,
+                        self.store.complete_logged(key, token, &stored, &settled),
+                    )
                     .await
                 {
                     Ok(true) => {}
@@ -619,7 +662,17 @@ impl<S: Store> Gate<S> {
             }
             other => {
                 if let Err(e) = self
-                    .timed(StoreOp::Release, self.store.release(key, token))
+                    .timed(
+                        StoreOp::Release,
+                        self.store.release_logged(
+                            key,
+                            token,
+                            &crate::deliveries::Settled {
+                                outcome: "upstream_error",
+                                ..settled
+                            },
+                        ),
+                    )
                     .await
                 {
                     tracing::warn!(route = &*route.name, key = %key.key, error = %e, "release failed; the key frees at lease expiry");

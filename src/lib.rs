@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod deliveries;
 pub mod demo;
 pub mod gate;
 pub mod inject;
@@ -13,3 +14,4 @@ pub mod providers;
 pub mod server;
 pub mod store;
 pub mod upstream;
+pub mod web;

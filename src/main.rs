@@ -33,6 +33,8 @@ enum Command {
     Demo,
     /// Add the idemgate sidecar to Kubernetes YAML (file or stdin) and print it.
     Inject(idemgate::inject::InjectArgs),
+    /// Operator tools on the delivery log (Redis): list, show, forget, replay.
+    Deliveries(idemgate::deliveries::cli::DeliveriesArgs),
 }
 
 /// Sets up logging to stderr. Lines are formatted on the caller's thread but written by
@@ -72,6 +74,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Inject(args) => idemgate::inject::main(args),
+        Command::Deliveries(args) => {
+            // Admin actions are logged (target idemgate::audit) to stderr.
+            let _log_guard = init_logging("warn,idemgate::audit=info").ok();
+            idemgate::deliveries::cli::main(cli.config.as_deref(), args)
+        }
         Command::CheckConfig => match Config::load(cli.config.as_deref()) {
             Ok(config) => {
                 print!("{}", config.redacted_toml());

@@ -233,6 +233,64 @@ impl<S: Store> Store for Breaker<S> {
     fn circuit_open(&self) -> bool {
         self.lock().is_open()
     }
+
+    // The delivery log (issue 8) passes through the breaker with the same rule as the
+    // plain calls: a claim is held back while the circuit is open, settlements are
+    // always attempted, and operator reads/forgets go straight to the store.
+
+    fn log_support(&self) -> crate::deliveries::LogSupport {
+        self.inner.log_support()
+    }
+
+    async fn claim_logged(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        kept: Option<&crate::deliveries::KeptRequest>,
+        force: bool,
+    ) -> Result<Claim, StoreError> {
+        self.gated(self.inner.claim_logged(key, fp, kept, force))
+            .await
+    }
+
+    async fn complete_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+        settled: &crate::deliveries::Settled,
+    ) -> Result<bool, StoreError> {
+        self.observed(self.inner.complete_logged(key, token, response, settled))
+            .await
+    }
+
+    async fn release_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: &crate::deliveries::Settled,
+    ) -> Result<bool, StoreError> {
+        self.observed(self.inner.release_logged(key, token, settled))
+            .await
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
+        self.inner.log_entry(key).await
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::deliveries::ListQuery,
+    ) -> Result<crate::deliveries::Page, StoreError> {
+        self.inner.recent(query).await
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
+        self.inner.forget(key).await
+    }
 }
 
 #[cfg(test)]

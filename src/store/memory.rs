@@ -11,6 +11,9 @@ use super::{
 };
 use crate::providers::Fingerprint;
 
+/// The delivery log (issue 8) in memory.
+mod log;
+
 struct Entry {
     status: Status,
     fp: Fingerprint,
@@ -23,6 +26,8 @@ struct Entry {
     last_seen: u64,
     /// When the whole entry is forgotten (retention).
     expires_at: Instant,
+    /// The delivery log's extra fields (issue 8).
+    log: log::Extra,
 }
 
 impl Entry {
@@ -125,6 +130,7 @@ impl Store for MemoryStore {
                 first_seen: ms,
                 last_seen: ms,
                 expires_at: now + retention,
+                log: log::Extra::default(),
             });
             if entry.status == Status::Completed {
                 if entry.fp != *fp {
@@ -203,5 +209,56 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.with_entries(|_, _| ())
+    }
+
+    fn log_support(&self) -> crate::deliveries::LogSupport {
+        crate::deliveries::LogSupport::Full
+    }
+
+    async fn claim_logged(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        kept: Option<&crate::deliveries::KeptRequest>,
+        force: bool,
+    ) -> Result<Claim, StoreError> {
+        self.claim_with_log(key, fp, kept, force).await
+    }
+
+    async fn complete_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+        settled: &crate::deliveries::Settled,
+    ) -> Result<bool, StoreError> {
+        self.complete_with_log(key, token, response, settled).await
+    }
+
+    async fn release_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: &crate::deliveries::Settled,
+    ) -> Result<bool, StoreError> {
+        self.release_with_log(key, token, settled).await
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
+        self.read_log_entry(key)
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::deliveries::ListQuery,
+    ) -> Result<crate::deliveries::Page, StoreError> {
+        self.read_recent(query)
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
+        self.forget_key(key)
     }
 }

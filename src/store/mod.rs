@@ -186,6 +186,86 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    // --- Operator visibility (issue 8): the delivery log. Every method has a default so
+    // that a store (or a wrapper around one) without a log keeps working; the defaults
+    // write nothing extra and answer `log_support() == LogSupport::None`.
+
+    /// What of the delivery log this store keeps.
+    fn log_support(&self) -> crate::deliveries::LogSupport {
+        crate::deliveries::LogSupport::None
+    }
+
+    /// `claim`, also recording the delivery in the log (and the request itself when
+    /// `kept`), in the same round trip. `force` is an operator's replay: it re-claims a
+    /// completed key (the claim is still exclusive: a live claim answers `InFlight`).
+    fn claim_logged(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        kept: Option<&crate::deliveries::KeptRequest>,
+        force: bool,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        let _ = kept;
+        async move {
+            if force {
+                return Err(StoreError::Unavailable(
+                    "this store keeps no delivery log".into(),
+                ));
+            }
+            self.claim(key, fp).await
+        }
+    }
+
+    /// `complete`, also recording how the upstream call went, in the same round trip.
+    fn complete_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+        settled: &crate::deliveries::Settled,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = settled;
+        self.complete(key, token, response)
+    }
+
+    /// `release`, also recording how the upstream call went, in the same round trip.
+    fn release_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: &crate::deliveries::Settled,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = settled;
+        self.release(key, token)
+    }
+
+    /// The delivery log entry of `key`, with the kept request if any.
+    fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> impl Future<Output = Result<Option<crate::deliveries::LogEntry>, StoreError>> + Send {
+        let _ = key;
+        async { Err(crate::deliveries::no_log()) }
+    }
+
+    /// A page of recent deliveries, newest (last seen) first.
+    fn recent(
+        &self,
+        query: &crate::deliveries::ListQuery,
+    ) -> impl Future<Output = Result<crate::deliveries::Page, StoreError>> + Send {
+        let _ = query;
+        async { Err(crate::deliveries::no_log()) }
+    }
+
+    /// Forgets `key` so the provider's next copy is forwarded.
+    fn forget(
+        &self,
+        key: &DeliveryKey,
+    ) -> impl Future<Output = Result<crate::deliveries::Forgot, StoreError>> + Send {
+        let _ = key;
+        async { Err(crate::deliveries::no_log()) }
+    }
+
     /// Claims, and while another holder has the key, polls until it completes or is
     /// released, or `deadline` passes (then the last `InFlight` is returned).
     fn wait_for(

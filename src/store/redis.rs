@@ -22,6 +22,9 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
+
+/// The delivery log (issue 8): extra arguments to the same scripts, and the reads.
+mod log;
 use super::topology::Topology;
 use super::{
     Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
@@ -72,14 +75,14 @@ pub struct RedisStore {
 /// One script call: the script, its keys and its arguments.
 struct Call<'a> {
     script: &'a ScriptDef,
-    keys: [&'a str; 2],
+    keys: [&'a str; 3],
     nkeys: usize,
     args: Vec<Vec<u8>>,
 }
 
 impl<'a> Call<'a> {
     fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
-        let mut k = [""; 2];
+        let mut k = [""; 3];
         k[..keys.len()].copy_from_slice(keys);
         Call {
             script,
@@ -412,6 +415,57 @@ impl Store for RedisStore {
             response_status: get(6).and_then(|s| s.parse().ok()),
             claimed: locked == 1,
         }))
+    }
+
+    fn log_support(&self) -> crate::deliveries::LogSupport {
+        self.log_support_of()
+    }
+
+    async fn claim_logged(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        kept: Option<&crate::deliveries::KeptRequest>,
+        force: bool,
+    ) -> Result<Claim, StoreError> {
+        self.claim_with_log(key, fp, kept, force).await
+    }
+
+    async fn complete_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+        settled: &crate::deliveries::Settled,
+    ) -> Result<bool, StoreError> {
+        self.complete_with_log(key, token, response, settled).await
+    }
+
+    async fn release_logged(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: &crate::deliveries::Settled,
+    ) -> Result<bool, StoreError> {
+        self.release_with_log(key, token, settled).await
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
+        self.read_log_entry(key).await
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::deliveries::ListQuery,
+    ) -> Result<crate::deliveries::Page, StoreError> {
+        self.read_recent(query).await
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
+        self.forget_key(key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -1,0 +1,192 @@
+//! The admin JSON API (bearer tokens): list, show, forget and replay deliveries.
+
+use http::header::{self, HeaderValue};
+use http::{Method, StatusCode};
+
+use super::{Answer, Caller, audit, json, json_error, query_pairs};
+use crate::deliveries::{self, Cursor, Forgot, ListQuery, LogSupport, ReplayError};
+use crate::gate::Gate;
+use crate::store::{DeliveryKey, Status, Store, StoreError};
+
+/// Page size when the caller gives none, and the largest accepted.
+pub const DEFAULT_LIMIT: usize = 50;
+pub const MAX_LIMIT: usize = 500;
+
+fn store_error(e: &StoreError) -> Answer {
+    json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        &e.to_string(),
+    )
+}
+
+fn no_log() -> Answer {
+    json_error(
+        StatusCode::NOT_IMPLEMENTED,
+        "no_delivery_log",
+        "this store keeps no delivery log",
+    )
+}
+
+/// Parses the list query (`route`, `status`, `outcome`, `limit`, `cursor`).
+pub(crate) fn list_query(routes: &[String], query: Option<&str>) -> Result<ListQuery, String> {
+    let q = query_pairs(query);
+    let routes = match q.get("route").filter(|r| !r.is_empty()) {
+        Some(r) => vec![r.clone()],
+        None => routes.to_vec(),
+    };
+    let status = match q.get("status").filter(|s| !s.is_empty()) {
+        Some(s) => Some(Status::parse(s).ok_or_else(|| {
+            format!("status `{s}` is not one of processing, completed, released")
+        })?),
+        None => None,
+    };
+    let limit = match q.get("limit").filter(|s| !s.is_empty()) {
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| format!("limit must be 1 to {MAX_LIMIT}"))?,
+        None => DEFAULT_LIMIT,
+    };
+    let cursor = match q.get("cursor").filter(|s| !s.is_empty()) {
+        Some(c) => Some(Cursor::decode(c).ok_or("cursor is not one this API gave out")?),
+        None => None,
+    };
+    Ok(ListQuery {
+        routes,
+        status,
+        outcome: q.get("outcome").filter(|s| !s.is_empty()).cloned(),
+        limit,
+        cursor,
+    })
+}
+
+pub(crate) async fn handle<S: Store>(
+    gate: &Gate<S>,
+    caller: &Caller,
+    method: &Method,
+    segs: &[&str],
+    query: Option<&str>,
+) -> Answer {
+    let store = gate.store();
+    if segs.first() == Some(&"dead-letters") {
+        // DEAD-LETTER QUEUE (issue 7): `GET /admin/dead-letters?route=` lists
+        // `store::list_dead_letters`, `POST /admin/dead-letters/{route}/{id}/redrive`
+        // calls `store::redrive` (streams `{prefix}:dlq:{<route>}`). Wire them here, with
+        // `audit(&caller.who, "redrive", …)`, once the async-mode library API lands.
+        let _ = caller;
+        return json_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_implemented",
+            "dead letters come with async mode (issue 7)",
+        );
+    }
+    if store.log_support() == LogSupport::None {
+        return no_log();
+    }
+    match (method, &segs[1..]) {
+        (&Method::GET, []) => {
+            if store.log_support() != LogSupport::Full {
+                return json_error(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "no_recent_index",
+                    "the recent-deliveries list is not kept on Redis Cluster; show, forget and replay by key work",
+                );
+            }
+            let q = match list_query(gate.console().routes(), query) {
+                Ok(q) => q,
+                Err(m) => return json_error(StatusCode::BAD_REQUEST, "bad_request", &m),
+            };
+            audit(&caller.who, "list", q.routes.join(",").as_str(), "-", "ok");
+            match store.recent(&q).await {
+                Ok(page) => json(StatusCode::OK, &page.to_json()),
+                Err(e) => store_error(&e),
+            }
+        }
+        (&Method::GET, [route, key]) => {
+            audit(&caller.who, "show", route, key, "ok");
+            match store.log_entry(&DeliveryKey::new(*route, *key)).await {
+                Ok(Some(e)) => json(StatusCode::OK, &e.to_json()),
+                Ok(None) => json_error(StatusCode::NOT_FOUND, "not_found", "no such delivery"),
+                Err(e) => store_error(&e),
+            }
+        }
+        (&Method::DELETE, [route, key]) => {
+            let r = store.forget(&DeliveryKey::new(*route, *key)).await;
+            let (status, result) = match &r {
+                Ok(Forgot::Forgotten) => (StatusCode::OK, "forgotten"),
+                Ok(Forgot::NotFound) => (StatusCode::NOT_FOUND, "not_found"),
+                Ok(Forgot::InFlight) => (StatusCode::CONFLICT, "in_flight"),
+                Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            };
+            audit(&caller.who, "forget", route, key, result);
+            match r {
+                Ok(Forgot::Forgotten) => json(
+                    status,
+                    &serde_json::json!({"route": route, "key": key, "result": result}),
+                ),
+                Ok(Forgot::NotFound) => json_error(status, result, "no such delivery"),
+                Ok(Forgot::InFlight) => json_error(
+                    status,
+                    result,
+                    "a copy of this delivery is being processed; forget it once it settles",
+                ),
+                Err(e) => store_error(&e),
+            }
+        }
+        (&Method::POST, [route, key, "replay"]) => {
+            let dkey = DeliveryKey::new(*route, *key);
+            let r = deliveries::replay(store, gate.upstream(), &dkey, gate.lease()).await;
+            replay_answer(caller, route, key, r)
+        }
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
+    }
+}
+
+/// The API answer for a replay, and its audit line.
+fn replay_answer(
+    caller: &Caller,
+    route: &str,
+    key: &str,
+    r: Result<deliveries::Replayed, ReplayError>,
+) -> Answer {
+    match r {
+        Ok(done) => {
+            audit(
+                &caller.who,
+                "replay",
+                route,
+                key,
+                &format!("{} (upstream {})", done.outcome, done.status),
+            );
+            json(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "route": route,
+                    "key": key,
+                    "outcome": done.outcome,
+                    "upstream_status": done.status,
+                    "recorded": done.recorded,
+                    "latency_ms": done.latency_ms,
+                }),
+            )
+        }
+        Err(e) => {
+            let (status, code) = match &e {
+                ReplayError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+                ReplayError::NotKept => (StatusCode::UNPROCESSABLE_ENTITY, "not_replayable"),
+                ReplayError::InFlight(_) => (StatusCode::CONFLICT, "in_flight"),
+                ReplayError::Changed => (StatusCode::CONFLICT, "changed"),
+                ReplayError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            };
+            audit(&caller.who, "replay", route, key, code);
+            let mut a = json_error(status, code, &e.to_string());
+            if let ReplayError::InFlight(secs) = e {
+                a.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            a
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! The operator console on `admin_listen` (issue 8), everything under `/admin/`:
+//!
+//! - the JSON API, `Authorization: Bearer <token>`: `GET /admin/deliveries`,
+//!   `GET|DELETE /admin/deliveries/{route}/{key}`, `POST …/{route}/{key}/replay`;
+//! - the web page (`/admin/`, server-rendered, no JavaScript): a login form sets an
+//!   HttpOnly, SameSite=Strict session cookie; every form that changes something
+//!   carries the session's CSRF token and is reached through a confirmation page.
+//!
+//! Without any admin token configured the whole of `/admin/` answers 404; `/metrics`
+//! and the probes stay open either way. Every action is logged (target
+//! `idemgate::audit`) with the token's name and what was done.
+
+pub mod activity;
+mod api;
+mod pages;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+use subtle::ConstantTimeEq;
+
+use crate::config::Config;
+use crate::gate::Gate;
+use crate::store::Store;
+pub use activity::Activity;
+
+pub type Answer = Response<Full<Bytes>>;
+
+/// The session cookie's name.
+const COOKIE: &str = "idemgate_session";
+/// How long a console login lasts.
+const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Sessions kept at most (the oldest go first).
+const MAX_SESSIONS: usize = 1024;
+/// Largest form body read.
+const MAX_FORM: usize = 16 * 1024;
+
+struct Session {
+    who: String,
+    csrf: String,
+    expires: Instant,
+}
+
+/// The console's state, built once from the configuration.
+pub struct Console {
+    /// (name, secret) of each admin token.
+    tokens: Vec<(String, Vec<u8>)>,
+    pub activity: Activity,
+    keep_payload: HashSet<String>,
+    routes: Vec<String>,
+    sessions: Mutex<HashMap<String, Session>>,
+}
+
+/// Who is asking, once authenticated.
+pub(crate) struct Caller {
+    pub who: String,
+    /// The session's CSRF token (console callers only).
+    pub csrf: Option<String>,
+}
+
+impl Console {
+    pub fn new(config: &Config) -> Console {
+        Console {
+            tokens: config
+                .admin_tokens
+                .iter()
+                .map(|t| (t.name.clone(), t.secret.value.clone()))
+                .collect(),
+            activity: Activity::new(config.routes.iter().map(|r| r.name.as_str())),
+            keep_payload: config
+                .routes
+                .iter()
+                .filter(|r| r.keep_payload)
+                .map(|r| r.name.clone())
+                .collect(),
+            routes: config.routes.iter().map(|r| r.name.clone()).collect(),
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `/admin/` is on (at least one token is configured).
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Whether deliveries of `route` keep their request for replay.
+    pub fn keeps_payload(&self, route: &str) -> bool {
+        !self.keep_payload.is_empty() && self.keep_payload.contains(route)
+    }
+
+    pub fn routes(&self) -> &[String] {
+        &self.routes
+    }
+
+    /// The name of the token `presented` is, compared in constant time against every
+    /// configured token (no early exit). Both sides are hashed first, so that neither
+    /// the comparison's time nor its early length check tells a token's length.
+    fn token_name(&self, presented: &[u8]) -> Option<String> {
+        use sha2::Digest as _;
+        let presented = sha2::Sha256::digest(presented);
+        let mut found = None;
+        for (name, secret) in &self.tokens {
+            let secret = sha2::Sha256::digest(secret);
+            if bool::from(secret.as_slice().ct_eq(presented.as_slice())) {
+                found = Some(name.clone());
+            }
+        }
+        found
+    }
+
+    fn bearer(&self, headers: &HeaderMap) -> Option<Caller> {
+        let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+        let token = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))?;
+        self.token_name(token.trim().as_bytes())
+            .map(|who| Caller { who, csrf: None })
+    }
+
+    fn session(&self, headers: &HeaderMap) -> Option<Caller> {
+        let sid = cookie(headers, COOKIE)?;
+        let mut sessions = self.sessions.lock().ok()?;
+        let now = Instant::now();
+        match sessions.get(&sid) {
+            Some(s) if s.expires > now => Some(Caller {
+                who: s.who.clone(),
+                csrf: Some(s.csrf.clone()),
+            }),
+            Some(_) => {
+                sessions.remove(&sid);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Starts a console session for the token's owner; returns the session id.
+    fn login(&self, who: String) -> String {
+        let sid = hex::encode(rand::random::<[u8; 32]>());
+        let csrf = hex::encode(rand::random::<[u8; 16]>());
+        if let Ok(mut sessions) = self.sessions.lock() {
+            let now = Instant::now();
+            sessions.retain(|_, s| s.expires > now);
+            if sessions.len() >= MAX_SESSIONS
+                && let Some(oldest) = sessions
+                    .iter()
+                    .min_by_key(|(_, s)| s.expires)
+                    .map(|(k, _)| k.clone())
+            {
+                sessions.remove(&oldest);
+            }
+            sessions.insert(
+                sid.clone(),
+                Session {
+                    who,
+                    csrf,
+                    expires: now + SESSION_TTL,
+                },
+            );
+        }
+        sid
+    }
+
+    fn logout(&self, headers: &HeaderMap) {
+        if let (Some(sid), Ok(mut sessions)) = (cookie(headers, COOKIE), self.sessions.lock()) {
+            sessions.remove(&sid);
+        }
+    }
+}
+
+/// The login form's double-submit CSRF cookie.
+const LOGIN_COOKIE: &str = "idemgate_login";
+
+/// The login form, with a fresh CSRF token in the form and in a cookie.
+fn login_page(error: Option<&str>) -> Answer {
+    let csrf = hex::encode(rand::random::<[u8; 16]>());
+    let mut r = pages::login(error, &csrf);
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{LOGIN_COOKIE}={csrf}; HttpOnly; SameSite=Strict; Path=/admin; Max-Age=3600"
+    )) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+/// One cookie's value from the `Cookie` headers.
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
+/// Logs an admin action: who did what to which delivery, and how it went.
+pub(crate) fn audit(who: &str, action: &str, route: &str, key: &str, result: &str) {
+    tracing::info!(
+        target: "idemgate::audit",
+        who,
+        action,
+        route,
+        key,
+        result,
+        "admin action"
+    );
+}
+
+pub(crate) fn json(status: StatusCode, v: &serde_json::Value) -> Answer {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Answer {
+    json(
+        status,
+        &serde_json::json!({ "error": code, "message": message }),
+    )
+}
+
+pub(crate) fn not_found() -> Answer {
+    let mut r = Response::new(Full::new(Bytes::from_static(b"not found\n")));
+    *r.status_mut() = StatusCode::NOT_FOUND;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+pub(crate) fn redirect(to: &str) -> Answer {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(v) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// Percent-encodes one path segment.
+pub(crate) fn seg(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// The query string's pairs.
+pub(crate) fn query_pairs(q: Option<&str>) -> HashMap<String, String> {
+    form_urlencoded::parse(q.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
+
+/// Reads a small form body.
+async fn read_form<B>(body: B) -> Option<HashMap<String, String>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let bytes = Limited::new(body, MAX_FORM)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    Some(form_urlencoded::parse(&bytes).into_owned().collect())
+}
+
+/// Everything under `/admin` (see the module documentation).
+pub async fn handle<S: Store, B>(gate: &Gate<S>, req: Request<B>) -> Answer
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let console = gate.console();
+    if !console.enabled() {
+        return not_found();
+    }
+    let (parts, body) = req.into_parts();
+    let segments: Vec<String> = parts
+        .uri
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let method = parts.method.clone();
+    let query = parts.uri.query();
+
+    // The JSON API: bearer tokens only.
+    if segs.get(1) == Some(&"deliveries") || segs.get(1) == Some(&"dead-letters") {
+        let Some(caller) = console.bearer(&parts.headers) else {
+            let presented = parts.headers.contains_key(header::AUTHORIZATION);
+            tracing::warn!(target: "idemgate::audit", path = parts.uri.path(), presented, "admin API request refused: no valid token");
+            let mut r = json_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "send Authorization: Bearer <admin token>",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        };
+        return api::handle(gate, &caller, &method, &segs[1..], query).await;
+    }
+
+    // The web page: a session cookie, CSRF tokens on every form that changes something.
+    match (method.as_str(), &segs[1..]) {
+        ("GET", ["login"]) => return login_page(None),
+        ("POST", ["login"]) => {
+            let want = cookie(&parts.headers, LOGIN_COOKIE).unwrap_or_default();
+            let form = read_form(body).await.unwrap_or_default();
+            let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
+            if want.is_empty() || !bool::from(want.as_bytes().ct_eq(sent)) {
+                tracing::warn!(target: "idemgate::audit", "console login refused: bad CSRF token");
+                return login_page(Some("The form was out of date; please sign in again."));
+            }
+            let token = form.get("token").map(String::as_str).unwrap_or("");
+            return match console.token_name(token.trim().as_bytes()) {
+                Some(who) => {
+                    audit(&who, "login", "-", "-", "ok");
+                    let sid = console.login(who);
+                    let mut r = redirect("/admin/");
+                    if let Ok(v) = HeaderValue::from_str(&format!(
+                        "{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/admin; Max-Age={}",
+                        SESSION_TTL.as_secs()
+                    )) {
+                        r.headers_mut().insert(header::SET_COOKIE, v);
+                    }
+                    r
+                }
+                None => {
+                    tracing::warn!(target: "idemgate::audit", "console login refused: wrong token");
+                    login_page(Some("That token is not valid."))
+                }
+            };
+        }
+        _ => {}
+    }
+    let Some(caller) = console.session(&parts.headers) else {
+        return redirect("/admin/login");
+    };
+    match (method.as_str(), &segs[1..]) {
+        ("GET", [] | [""]) => pages::list(gate, &caller, query).await,
+        ("POST", ["logout"]) => {
+            let form = read_form(body).await.unwrap_or_default();
+            let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
+            let want = caller.csrf.as_deref().unwrap_or("").as_bytes();
+            if want.is_empty() || !bool::from(want.ct_eq(sent)) {
+                return pages::message(
+                    StatusCode::FORBIDDEN,
+                    "Refused",
+                    "This form is out of date (CSRF check failed). Go back, reload and try again.",
+                );
+            }
+            console.logout(&parts.headers);
+            audit(&caller.who, "logout", "-", "-", "ok");
+            let mut r = redirect("/admin/login");
+            r.headers_mut().insert(
+                header::SET_COOKIE,
+                HeaderValue::from_static(
+                    "idemgate_session=; HttpOnly; SameSite=Strict; Path=/admin; Max-Age=0",
+                ),
+            );
+            r
+        }
+        ("GET", ["view", route, key]) => pages::detail(gate, &caller, route, key, query).await,
+        ("GET", ["view", route, key, "confirm"]) => {
+            let action = query_pairs(query)
+                .get("action")
+                .cloned()
+                .unwrap_or_default();
+            pages::confirm(&caller, route, key, &action)
+        }
+        ("POST", ["view", route, key, action @ ("replay" | "forget")]) => {
+            let form = read_form(body).await.unwrap_or_default();
+            let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
+            let want = caller.csrf.as_deref().unwrap_or("").as_bytes();
+            if want.is_empty() || !bool::from(want.ct_eq(sent)) {
+                tracing::warn!(target: "idemgate::audit", who = %caller.who, "console form refused: bad CSRF token");
+                return pages::message(
+                    StatusCode::FORBIDDEN,
+                    "Refused",
+                    "This form is out of date (CSRF check failed). Go back, reload and try again.",
+                );
+            }
+            pages::act(gate, &caller, route, key, action).await
+        }
+        _ => not_found(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "IDEMGATE_ADMIN_TOKEN" => Some("env-admin-token-0123456789".into()),
+            "OPS" => Some("ops-token-0123456789abcdef".into()),
+            "SHORT" => Some("short".into()),
+            _ => None,
+        }
+    }
+
+    fn console(toml: &str) -> Result<Console, crate::config::ConfigError> {
+        Config::from_toml_with_env(toml, env).map(|c| Console::new(&c))
+    }
+
+    #[test]
+    fn tokens_come_from_the_environment_and_named_entries() {
+        let c = console(r#"admin_token = ["ops=env:OPS"]"#).unwrap();
+        assert!(c.enabled());
+        assert_eq!(
+            c.token_name(b"env-admin-token-0123456789").as_deref(),
+            Some("admin")
+        );
+        assert_eq!(
+            c.token_name(b"ops-token-0123456789abcdef").as_deref(),
+            Some("ops")
+        );
+        assert_eq!(c.token_name(b"ops-token-0123456789abcde"), None);
+        assert_eq!(c.token_name(b""), None);
+    }
+
+    #[test]
+    fn short_or_missing_tokens_are_configuration_errors() {
+        let e = console(r#"admin_token = "x=env:SHORT""#).err().unwrap();
+        assert_eq!(e.field, "admin_token[0]");
+        let e = console(r#"admin_token = "x=env:MISSING""#).err().unwrap();
+        assert!(e.message.contains("MISSING"));
+        let e = console(r#"admin_token = ["env:OPS", "env:OPS"]"#)
+            .err()
+            .unwrap();
+        assert!(e.message.contains("named `admin`"), "{e}");
+    }
+
+    #[test]
+    fn without_a_token_the_console_is_off_and_check_config_redacts_tokens() {
+        let c = Config::from_toml_with_env("", |_| None).unwrap();
+        assert!(!Console::new(&c).enabled());
+        let c = Config::from_toml_with_env(r#"admin_token = "ops=env:OPS""#, env).unwrap();
+        let shown = c.redacted_toml();
+        assert!(shown.contains("ops=env:OPS"), "{shown}");
+        assert!(!shown.contains("ops-token-0123456789abcdef"));
+        let c = Config::from_toml_with_env(r#"admin_token = "a-literal-token-123456""#, |_| None)
+            .unwrap();
+        assert!(!c.redacted_toml().contains("a-literal-token-123456"));
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; idemgate_session=abc; b=2"),
+        );
+        assert_eq!(cookie(&h, COOKIE).as_deref(), Some("abc"));
+        assert_eq!(cookie(&h, "zzz"), None);
+    }
+}

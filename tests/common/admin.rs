@@ -1,0 +1,67 @@
+//! Helpers for the admin API, CLI and console tests (issue 8). Included with
+//! `#[path = "common/admin.rs"] mod admin;` beside `mod common;`.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use super::common::*;
+
+/// The admin token the tests configure (through `IDEMGATE_ADMIN_TOKEN`).
+pub const TOKEN: &str = "test-admin-token-0123456789";
+/// A second, named token (through `admin_token = "ops=env:OPS_TOKEN"`).
+pub const OPS_TOKEN: &str = "ops-token-abcdefghijklmnop";
+
+/// A sidecar on `redis` with the admin API on and `keep_payload = true` on the route.
+pub fn builder(upstream: &Upstream, redis: &RedisServer) -> SidecarBuilder {
+    builder_on(upstream, &redis.url())
+}
+
+/// The same, on any store URL (a cluster, Sentinel).
+pub fn builder_on(upstream: &Upstream, store_url: &str) -> SidecarBuilder {
+    let mut route = RouteCfg::standard(ROUTE, PATH);
+    route.extra = "keep_payload = true\n".into();
+    SidecarBuilder::new(&upstream.url(), store_url)
+        .route(route)
+        .top("admin_token", "ops=env:OPS_TOKEN")
+        .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
+        .env("OPS_TOKEN", OPS_TOKEN)
+}
+
+/// An admin API answer: status and JSON body (Null when not JSON).
+pub struct ApiAnswer {
+    pub status: u16,
+    pub json: serde_json::Value,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+pub async fn api(sc: &Sidecar, method: &str, path: &str, token: Option<&str>) -> ApiAnswer {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut rb = sc
+        .client
+        .request(m, sc.admin_url(path))
+        .timeout(Duration::from_secs(20));
+    if let Some(t) = token {
+        rb = rb.bearer_auth(t);
+    }
+    let r = rb
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e:?}"));
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let text = r.text().await.unwrap_or_default();
+    ApiAnswer {
+        status,
+        json: serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+        headers,
+    }
+}
+
+/// `/admin/deliveries/{route}/{key}` (the key percent-encoded).
+pub fn delivery_path(route: &str, key: &str) -> String {
+    format!(
+        "/admin/deliveries/{}/{}",
+        route,
+        percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC)
+    )
+}

@@ -1,0 +1,279 @@
+//! The delivery log's store semantics (issue 8), written once and run against the
+//! Redis store on a private redis-server and the in-memory store: what claim, complete
+//! and release record, the operator's forced claim, forget, and the recent list.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::RedisServer;
+use idemgate::deliveries::{Forgot, KeptRequest, ListQuery, LogSupport, Settled};
+use idemgate::providers::{Fingerprint, fingerprint_body};
+use idemgate::store::{
+    Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
+};
+
+const LIFETIMES: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_secs(3600),
+};
+
+fn fp(s: &str) -> Fingerprint {
+    fingerprint_body(s.as_bytes())
+}
+
+fn key(k: &str) -> DeliveryKey {
+    DeliveryKey::new("route", k)
+}
+
+fn response(body: &[u8]) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: Bytes::from_static(b"content-type: text/plain\r\n"),
+        body: Bytes::copy_from_slice(body),
+    }
+}
+
+fn settled(outcome: &'static str, status: Option<u16>, restore: bool) -> Settled {
+    Settled {
+        outcome,
+        upstream_status: status,
+        latency_ms: 7,
+        restore_completed: restore,
+    }
+}
+
+fn kept() -> KeptRequest {
+    KeptRequest {
+        method: "POST".into(),
+        path: "/hook?a=1".into(),
+        headers: Bytes::from_static(b"x-a: 1\r\n"),
+        body: Bytes::from_static(b"\xff\x00 not utf-8"),
+    }
+}
+
+fn claimed(c: Claim) -> Token {
+    match c {
+        Claim::Claimed(t) => t,
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+async fn claim_complete_release_are_recorded<S: Store>(s: S) {
+    assert_eq!(s.log_support(), LogSupport::Full);
+    let k = key("evt_log");
+    let t = claimed(
+        s.claim_logged(&k, &fp("a"), Some(&kept()), false)
+            .await
+            .unwrap(),
+    );
+    let e = s.log_entry(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (e.status, e.claimed, e.attempts),
+        (Status::Processing, true, 1)
+    );
+    assert_eq!(e.request, Some(kept()));
+    assert!(
+        s.release_logged(&k, t, &settled("upstream_error", None, false))
+            .await
+            .unwrap()
+    );
+    let e = s.log_entry(&k).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Released);
+    assert_eq!(e.outcome.as_deref(), Some("upstream_error"));
+    assert_eq!(e.upstream_status, None);
+    assert_eq!(e.latency_ms, Some(7));
+
+    let t = claimed(s.claim_logged(&k, &fp("a"), None, false).await.unwrap());
+    assert!(
+        s.complete_logged(
+            &k,
+            t,
+            &response(b"ok"),
+            &settled("forwarded", Some(200), false)
+        )
+        .await
+        .unwrap()
+    );
+    assert!(matches!(
+        s.claim_logged(&k, &fp("a"), None, false).await.unwrap(),
+        Claim::Completed(_)
+    ));
+    let e = s.log_entry(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (e.status, e.attempts, e.duplicates),
+        (Status::Completed, 2, 1)
+    );
+    assert_eq!(e.outcome.as_deref(), Some("forwarded"));
+    assert_eq!(
+        (e.upstream_status, e.response_status),
+        (Some(200), Some(200))
+    );
+    assert_eq!(e.request, Some(kept()), "the first claim's request is kept");
+    assert!(e.has_request);
+    assert!(s.log_entry(&key("never")).await.unwrap().is_none());
+}
+
+async fn a_forced_claim_reclaims_completed_but_never_a_live_claim<S: Store>(s: S) {
+    let k = key("evt_force");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    // A live claim: the operator's replay is refused too.
+    assert!(matches!(
+        s.claim_logged(&k, &fp("a"), None, true).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
+    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    // Copies meanwhile see a claim in flight, not the old answer.
+    assert!(matches!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    // A failed replay puts the key back to its old answer.
+    assert!(
+        s.release_logged(&k, op, &settled("operator_replay_failed", Some(500), true))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    assert!(
+        s.complete_logged(
+            &k,
+            op,
+            &response(b"two"),
+            &settled("operator_replay", Some(200), false)
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"two"))
+    );
+    let e = s.log_entry(&k).await.unwrap().unwrap();
+    assert_eq!((e.replays, e.attempts), (2, 3));
+    assert_eq!(e.outcome.as_deref(), Some("operator_replay"));
+}
+
+async fn forget_frees_a_key_but_not_a_live_claim<S: Store>(s: S) {
+    let k = key("evt_forget");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert_eq!(s.forget(&k).await.unwrap(), Forgot::InFlight);
+    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert_eq!(s.forget(&k).await.unwrap(), Forgot::Forgotten);
+    assert_eq!(s.forget(&k).await.unwrap(), Forgot::NotFound);
+    assert!(s.log_entry(&k).await.unwrap().is_none());
+    claimed(s.claim(&k, &fp("b")).await.unwrap());
+}
+
+async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
+    let mut keys = Vec::new();
+    for i in 0..5 {
+        let k = DeliveryKey::new("listed", format!("evt_{i}"));
+        let t = claimed(s.claim_logged(&k, &fp("x"), None, false).await.unwrap());
+        if i == 2 {
+            s.release_logged(&k, t, &settled("upstream_error", Some(500), false))
+                .await
+                .unwrap();
+        } else {
+            s.complete_logged(
+                &k,
+                t,
+                &response(b"ok"),
+                &settled("forwarded", Some(200), false),
+            )
+            .await
+            .unwrap();
+        }
+        keys.push(k.key);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let mut q = ListQuery {
+        routes: vec!["listed".into(), "other".into()],
+        limit: 2,
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    loop {
+        let page = s.recent(&q).await.unwrap();
+        seen.extend(page.items.iter().map(|(_, e)| e.key.clone()));
+        match page.next {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+    }
+    keys.reverse();
+    assert_eq!(seen, keys);
+    let released = s
+        .recent(&ListQuery {
+            routes: vec!["listed".into()],
+            status: Some(Status::Released),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(released.items.len(), 1);
+    assert_eq!(released.items[0].1.key, "evt_2");
+    let fwd = s
+        .recent(&ListQuery {
+            routes: vec!["listed".into()],
+            outcome: Some("forwarded".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(fwd.items.len(), 4);
+    // A forgotten key leaves the list.
+    s.forget(&DeliveryKey::new("listed", "evt_4"))
+        .await
+        .unwrap();
+    let all = s
+        .recent(&ListQuery {
+            routes: vec!["listed".into()],
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.items.len(), 4);
+    assert_eq!(all.items[0].1.key, "evt_3");
+}
+
+macro_rules! both {
+    ($($case:ident),*) => {
+        mod memory {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(MemoryStore::new(LIFETIMES)).await;
+                }
+            )*
+        }
+        mod redis {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let server = RedisServer::start_new();
+                    let s = RedisStore::new(&server.url(), "log", LIFETIMES, Duration::from_secs(1)).unwrap();
+                    super::$case(s).await;
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    claim_complete_release_are_recorded,
+    a_forced_claim_reclaims_completed_but_never_a_live_claim,
+    forget_frees_a_key_but_not_a_live_claim,
+    the_recent_list_pages_newest_first_and_filters
+);
