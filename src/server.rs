@@ -55,7 +55,12 @@ pub async fn run(
     match &config.store.url {
         StoreUrl::Memory => {
             let store = MemoryStore::new(lifetimes);
-            Bound::bind(&config, store).await?.serve(shutdown).await
+            let queue = Arc::new(crate::queue::memory::MemoryQueue::new(store.clone()));
+            Bound::bind(&config, store)
+                .await?
+                .with_queue(&config, queue)?
+                .serve(shutdown)
+                .await
         }
         StoreUrl::Redis(url) => {
             let store = RedisStore::new(
@@ -68,7 +73,12 @@ pub async fn run(
                 config.store.min_replicas_ack,
                 config.store.replicas_ack_timeout,
             );
-            Bound::bind(&config, store).await?.serve(shutdown).await
+            let queue = Arc::new(crate::queue::redis::RedisQueue::new(store.clone()));
+            Bound::bind(&config, store)
+                .await?
+                .with_queue(&config, queue)?
+                .serve(shutdown)
+                .await
         }
     }
 }
@@ -104,6 +114,19 @@ impl<S: Store> Bound<S> {
             gate,
             grace: config.shutdown_grace,
         })
+    }
+
+    /// Turns on async mode (docs/async.md) for the configuration's async routes, on
+    /// `queue`; nothing happens when no route is async.
+    pub fn with_queue(
+        self,
+        config: &Config,
+        queue: Arc<dyn crate::queue::QueueBackend>,
+    ) -> Result<Self, ServeError> {
+        if let Some(mode) = crate::queue::AsyncMode::new(config, queue, self.gate.metrics())? {
+            self.gate.set_async_mode(Arc::new(mode));
+        }
+        Ok(self)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -142,6 +165,9 @@ impl<S: Store> Bound<S> {
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .keep_alive(true);
+        if let Some(queue) = gate.async_mode() {
+            queue.start();
+        }
         let graceful = GracefulShutdown::new();
         let deliveries = TaskTracker::new();
         let admin_conns = TaskTracker::new();
@@ -183,6 +209,10 @@ impl<S: Store> Bound<S> {
 
         drop(listener);
         drop(admin);
+        // Queue workers stop taking entries now and finish the calls in hand below.
+        if let Some(queue) = gate.async_mode() {
+            queue.stop();
+        }
         tracing::info!(
             in_flight = gate.metrics().in_flight.get(),
             "shutting down: draining deliveries in flight"
@@ -193,6 +223,9 @@ impl<S: Store> Bound<S> {
             deliveries.wait().await;
         })
         .await;
+        if let Some(queue) = gate.async_mode() {
+            queue.wait(grace).await;
+        }
         match drained {
             Ok(()) => tracing::info!("all deliveries drained"),
             Err(_) => tracing::warn!(
