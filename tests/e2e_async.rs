@@ -247,7 +247,7 @@ async fn a_thousand_deliveries_with_copies_across_three_sidecars_arrive_exactly_
         "backoff = \"50ms\"\nmax_backoff = \"200ms\"\n",
         "claim_idle = \"5s\"\n",
     );
-    let sidecars = vec![
+    let sidecars = [
         builder.clone().start().await,
         builder.clone().start().await,
         builder.start().await,
