@@ -218,13 +218,16 @@ impl<S: Store> Bound<S> {
             "shutting down: draining deliveries in flight"
         );
         deliveries.close();
+        let draining_since = tokio::time::Instant::now();
         let drained = tokio::time::timeout(grace, async {
             graceful.shutdown().await;
             deliveries.wait().await;
         })
         .await;
         if let Some(queue) = gate.async_mode() {
-            queue.wait(grace).await;
+            queue
+                .wait(grace.saturating_sub(draining_since.elapsed()))
+                .await;
         }
         match drained {
             Ok(()) => tracing::info!("all deliveries drained"),

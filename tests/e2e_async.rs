@@ -375,3 +375,37 @@ async fn the_memory_store_runs_async_routes_in_process() {
     up.assert_count_stays(2, SEC / 2).await;
     assert_eq!(per_key(&up).get(&format!("{ROUTE}:{}", d.id)), Some(&2));
 }
+
+#[tokio::test]
+async fn sigterm_finishes_the_call_in_hand_and_leaves_retries_pending() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    // The first delivery's call is slow but answered; the second fails and waits for
+    // a retry far away.
+    up.push_modes(vec![
+        Mode::Stall(Duration::from_millis(1500)),
+        Mode::Status(500),
+    ]);
+    let mut sc = sidecar(
+        &up.url(),
+        &redis,
+        "backoff = \"1h\"\nmax_backoff = \"1h\"\n",
+        "",
+    )
+    .start()
+    .await;
+    let slow = Delivery::fresh();
+    assert_eq!(sc.send(&slow).await.status, 200);
+    up.wait_for_count(1, 10 * SEC).await;
+    let failing = Delivery::fresh();
+    assert_eq!(sc.send(&failing).await.status, 200);
+    up.wait_for_count(2, 10 * SEC).await;
+    sc.sigterm();
+    let status = sc.wait_exit(10 * SEC).await;
+    assert!(status.success(), "{status:?}\n{}", sc.stderr());
+    // The call in hand finished and was recorded; the one waiting for its retry is
+    // still in the queue, pending, for another consumer.
+    assert_eq!(key_status(&redis, &slow.id), "completed");
+    assert_eq!(key_status(&redis, &failing.id), "queued");
+    assert_eq!(queue_len(&redis), 1);
+}

@@ -314,3 +314,103 @@ impl QueueBackend for MemoryQueue {
         Self::ready(r)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Claim, Lifetimes};
+    use bytes::Bytes;
+
+    fn queue() -> MemoryQueue {
+        MemoryQueue::new(MemoryStore::new(Lifetimes {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+        }))
+    }
+
+    fn entry(key: &str) -> QueueEntry {
+        QueueEntry {
+            key: key.into(),
+            method: "POST".into(),
+            path: "/wh".into(),
+            headers: Bytes::new(),
+            body: Bytes::from_static(b"{}"),
+            received_at: unix_millis(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_queued_key_acknowledges_copies_and_fences_workers() {
+        let q = queue();
+        let key = DeliveryKey::new("wh", "k1");
+        let fp = [7u8; 32];
+        let Claim::Claimed(token) = q.store.claim(&key, &fp).await.unwrap() else {
+            panic!("first claim")
+        };
+        assert!(q.enqueue("wh", &entry("k1"), 10).await.unwrap().is_some());
+        assert!(q.mark_queued(&key, token).await.unwrap());
+        assert_eq!(q.store.claim(&key, &fp).await.unwrap(), Claim::Queued);
+        assert_eq!(
+            q.store.claim(&key, &[8u8; 32]).await.unwrap(),
+            Claim::Mismatch
+        );
+
+        // Two workers race over one entry: one holds the key, the other waits.
+        let Lock::Claimed { token, attempt } = q.lock(&key).await.unwrap() else {
+            panic!("worker lock")
+        };
+        assert_eq!(attempt, 1);
+        assert_eq!(q.lock(&key).await.unwrap(), Lock::Busy);
+        assert_eq!(q.store.claim(&key, &fp).await.unwrap(), Claim::Queued);
+        let resp = StoredResponse {
+            status: 200,
+            headers: Bytes::new(),
+            body: Bytes::new(),
+        };
+        assert!(q.complete(&key, token, &resp).await.unwrap());
+        assert_eq!(q.lock(&key).await.unwrap(), Lock::Completed);
+    }
+
+    #[tokio::test]
+    async fn the_bound_takeover_dead_letters_and_redrive() {
+        let q = queue();
+        assert!(q.enqueue("wh", &entry("a"), 2).await.unwrap().is_some());
+        assert!(q.enqueue("wh", &entry("b"), 2).await.unwrap().is_some());
+        assert_eq!(q.enqueue("wh", &entry("c"), 2).await.unwrap(), None);
+
+        let read = q.read_new("wh", "c1", 10).await.unwrap();
+        assert_eq!(read.len(), 2);
+        assert!(q.read_new("wh", "c2", 10).await.unwrap().is_empty());
+        // c1 keeps its entries fresh: nothing moves; once idle, c2 takes them over.
+        let ids: Vec<String> = read.iter().map(|(id, _)| id.clone()).collect();
+        q.keep("wh", "c1", &ids).await.unwrap();
+        let idle = Duration::from_millis(50);
+        assert!(q.take_over("wh", "c2", idle, 10).await.unwrap().is_empty());
+        tokio::time::sleep(idle).await;
+        assert_eq!(q.take_over("wh", "c2", idle, 10).await.unwrap().len(), 2);
+
+        let (id_a, a) = (&read[0].0, read[0].1.clone().unwrap());
+        q.dead_letter("wh", id_a, &a, 3, "upstream answered 500")
+            .await
+            .unwrap();
+        q.done("wh", &read[1].0).await.unwrap();
+        let s = q.stats("wh").await.unwrap();
+        assert_eq!((s.depth, s.dead_letters), (0, 1));
+
+        let page = q.list_dead_letters("wh", 1, None).await.unwrap();
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(page.items[0].entry, a);
+        assert_eq!(page.items[0].attempts, 3);
+        let after = q
+            .list_dead_letters("wh", 1, page.next.as_deref())
+            .await
+            .unwrap();
+        assert!(after.items.is_empty());
+
+        assert!(q.redrive("wh", &page.items[0].id).await.unwrap());
+        assert!(!q.redrive("wh", &page.items[0].id).await.unwrap());
+        let s = q.stats("wh").await.unwrap();
+        assert_eq!((s.depth, s.dead_letters), (1, 0));
+        assert_eq!(q.read_new("wh", "c1", 10).await.unwrap()[0].1, Some(a));
+    }
+}
