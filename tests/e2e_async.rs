@@ -213,10 +213,14 @@ async fn a_killed_sidecars_entries_are_delivered_by_another() {
     first.kill9();
     up.set_mode(Mode::default_ok());
 
-    let _second = builder.start().await;
+    let second = builder.start().await;
     for d in &ds {
         wait_status(&redis, &d.id, "completed", 20 * SEC).await;
     }
+    wait_until(5 * SEC, "the takeover is logged", || {
+        second.stderr().contains("took over entries")
+    })
+    .await;
     wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
     // Each was delivered again once (the killed sidecar's calls never got an answer).
     let got = per_key(&up);
@@ -408,4 +412,28 @@ async fn sigterm_finishes_the_call_in_hand_and_leaves_retries_pending() {
     assert_eq!(key_status(&redis, &slow.id), "completed");
     assert_eq!(key_status(&redis, &failing.id), "queued");
     assert_eq!(queue_len(&redis), 1);
+}
+
+#[tokio::test]
+async fn a_live_workers_slow_delivery_is_neither_taken_over_nor_forwarded_twice() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Stall(Duration::from_secs(3))]);
+    let builder = sidecar(&up.url(), &redis, "", "claim_idle = \"1s\"\n")
+        .lease("1s")
+        .top("upstream_timeout", "10s");
+    let a = builder.clone().start().await;
+    let b = builder.start().await;
+    let d = Delivery::fresh();
+    assert_eq!(a.send(&d).await.status, 200);
+    wait_status(&redis, &d.id, "completed", 15 * SEC).await;
+    up.assert_count_stays(1, SEC).await;
+    // The holder refreshed its entry (claim_idle 1s < the 3s call): nobody took it over.
+    for sc in [&a, &b] {
+        assert!(
+            !sc.stderr().contains("took over entries"),
+            "{}",
+            sc.stderr()
+        );
+    }
 }
