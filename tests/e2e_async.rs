@@ -437,3 +437,31 @@ async fn a_live_workers_slow_delivery_is_neither_taken_over_nor_forwarded_twice(
         );
     }
 }
+
+#[tokio::test]
+async fn async_routes_work_on_a_redis_cluster() {
+    let cluster = common::cluster::RedisCluster::start(3, 0);
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Status(500); 3]);
+    let builder = SidecarBuilder::new(&up.url(), &cluster.url())
+        .route(async_route("backoff = \"50ms\"\n"))
+        .extra("[async]\nclaim_idle = \"5s\"\n");
+    let scs = [builder.clone().start().await, builder.start().await];
+    let ds: Vec<Delivery> = (0..30).map(|_| Delivery::fresh()).collect();
+    for (i, d) in ds.iter().enumerate() {
+        assert_eq!(scs[i % 2].send(d).await.status, 200);
+    }
+    for (i, d) in ds.iter().enumerate() {
+        assert_eq!(scs[(i + 1) % 2].send(d).await.status, 200, "copy");
+    }
+    // 3 failed calls, then one 2xx per delivery.
+    up.wait_for_count(33, 20 * SEC).await;
+    up.assert_count_stays(33, SEC).await;
+    let got = per_key(&up);
+    let keys: HashSet<String> = ds.iter().map(|d| format!("{ROUTE}:{}", d.id)).collect();
+    assert_eq!(got.keys().cloned().collect::<HashSet<_>>(), keys);
+    let series =
+        format!("idemgate_delivery_attempts_total{{route=\"{ROUTE}\",result=\"completed\"}}");
+    let completed = scs[0].metric(&series).await + scs[1].metric(&series).await;
+    assert_eq!(completed, 30.0);
+}
