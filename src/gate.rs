@@ -684,6 +684,13 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_key_is_acknowledged_under_either_in_flight_policy() {
+        for policy in [InFlightPolicy::Reject, InFlightPolicy::Wait] {
+            assert_eq!(decide(Claim::Queued, policy, false), Step::Acknowledge);
+        }
+    }
+
+    #[test]
     fn retry_after_is_whole_seconds_at_least_one() {
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
