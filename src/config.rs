@@ -53,6 +53,8 @@ struct RawConfig {
     dedup: Option<RawDedup>,
     /// Admin API tokens (issue 8): one source or several, each `[name=]env:X|file:/p`.
     admin_token: Option<OneOrMany>,
+    #[serde(rename = "async")]
+    async_queue: Option<RawAsync>,
     #[serde(default, rename = "route")]
     routes: Vec<RawRoute>,
 }
@@ -79,6 +81,14 @@ struct RawDedup {
     wait_timeout: Option<String>,
 }
 
+/// `[async]`: settings shared by every `mode = "async"` route (docs/async.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAsync {
+    claim_idle: Option<String>,
+    max_queue: Option<u64>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRoute {
@@ -99,6 +109,14 @@ struct RawRoute {
     signed: Option<String>,
     // `twilio`
     public_url: Option<String>,
+    // `mode = "async"` (docs/async.md)
+    mode: Option<String>,
+    ack_status: Option<u16>,
+    ack_body: Option<String>,
+    max_attempts: Option<u32>,
+    max_age: Option<String>,
+    backoff: Option<String>,
+    max_backoff: Option<String>,
     /// Keep the request for an operator's replay (issue 8).
     keep_payload: Option<bool>,
 }
@@ -141,6 +159,38 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// Tokens that open the admin API (`/admin/`); none = the admin API is off.
     pub admin_tokens: Vec<AdminToken>,
+    /// `[async]`: the delivery queue shared by the async routes.
+    pub async_queue: AsyncConfig,
+}
+
+/// `[async]`: how the async routes' queues are worked (see docs/async.md).
+#[derive(Debug, Clone)]
+pub struct AsyncConfig {
+    /// How long an entry may sit unrefreshed in a consumer's hands before a live
+    /// consumer takes it over (the holder is presumed dead).
+    pub claim_idle: Duration,
+    /// How many unacknowledged entries a route's queue holds before new deliveries get
+    /// 503 + Retry-After.
+    pub max_queue: u64,
+}
+
+/// Whether a route forwards while the provider waits (`sync`) or acknowledges at once
+/// and delivers from a durable queue (`async`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteMode {
+    Sync,
+    Async(AsyncRoute),
+}
+
+/// A `mode = "async"` route's acknowledgement and delivery policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsyncRoute {
+    pub ack_status: u16,
+    pub ack_body: String,
+    pub max_attempts: u32,
+    pub max_age: Duration,
+    pub backoff: Duration,
+    pub max_backoff: Duration,
 }
 
 /// One admin token: the name its actions are logged under, and its secret.
@@ -265,6 +315,7 @@ pub struct RouteConfig {
     pub custom: CustomFields,
     /// Keep the request (size-capped, for `retention`) for an operator's replay.
     pub keep_payload: bool,
+    pub mode: RouteMode,
 }
 
 /// The fields that only some providers read.
@@ -379,6 +430,9 @@ impl Config {
         };
         let _ = writeln!(out, "in_flight = {}", q(in_flight));
         let _ = writeln!(out, "wait_timeout = {}", q(&d(self.dedup.wait_timeout)));
+        let _ = writeln!(out, "\n[async]");
+        let _ = writeln!(out, "claim_idle = {}", q(&d(self.async_queue.claim_idle)));
+        let _ = writeln!(out, "max_queue = {}", self.async_queue.max_queue);
         for r in &self.routes {
             let _ = writeln!(out, "\n[[route]]");
             let _ = writeln!(out, "name = {}", q(&r.name));
@@ -397,6 +451,15 @@ impl Config {
             }
             if let Some(p) = &r.upstream_path {
                 let _ = writeln!(out, "upstream_path = {}", q(p));
+            }
+            if let RouteMode::Async(a) = &r.mode {
+                let _ = writeln!(out, "mode = \"async\"");
+                let _ = writeln!(out, "ack_status = {}", a.ack_status);
+                let _ = writeln!(out, "ack_body = {}", q(&a.ack_body));
+                let _ = writeln!(out, "max_attempts = {}", a.max_attempts);
+                let _ = writeln!(out, "max_age = {}", q(&d(a.max_age)));
+                let _ = writeln!(out, "backoff = {}", q(&d(a.backoff)));
+                let _ = writeln!(out, "max_backoff = {}", q(&d(a.max_backoff)));
             }
             let c = &r.custom;
             for (name, v) in [
@@ -652,6 +715,65 @@ fn entries_push(
     Ok(())
 }
 
+/// A route's `mode` and, for `async`, its acknowledgement and delivery policy; the
+/// async-only fields on a sync route are errors (they would silently do nothing).
+fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, ConfigError> {
+    let mode = r.mode.as_deref().unwrap_or("sync");
+    let is_async = one_of(&at("mode"), mode, &[("sync", false), ("async", true)])?;
+    if !is_async {
+        for (name, set) in [
+            ("ack_status", r.ack_status.is_some()),
+            ("ack_body", r.ack_body.is_some()),
+            ("max_attempts", r.max_attempts.is_some()),
+            ("max_age", r.max_age.is_some()),
+            ("backoff", r.backoff.is_some()),
+            ("max_backoff", r.max_backoff.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::new(
+                    at(name),
+                    "only applies to mode = \"async\" routes",
+                ));
+            }
+        }
+        return Ok(RouteMode::Sync);
+    }
+    let dur = |field: &str, v: &Option<String>, default: &str| -> Result<Duration, ConfigError> {
+        let d = parse_duration(&at(field), v.as_deref().unwrap_or(default))?;
+        if d.is_zero() {
+            return Err(ConfigError::new(at(field), "must be greater than zero"));
+        }
+        Ok(d)
+    };
+    let ack_status = r.ack_status.unwrap_or(200);
+    if !(200..300).contains(&ack_status) {
+        return Err(ConfigError::new(
+            at("ack_status"),
+            "must be a 2xx status: anything else tells the provider the delivery failed",
+        ));
+    }
+    let max_attempts = r.max_attempts.unwrap_or(10);
+    if max_attempts == 0 {
+        return Err(ConfigError::new(at("max_attempts"), "must be at least 1"));
+    }
+    let backoff = dur("backoff", &r.backoff, "1s")?;
+    let max_backoff = dur("max_backoff", &r.max_backoff, "5m")?;
+    if max_backoff < backoff {
+        return Err(ConfigError::new(
+            at("max_backoff"),
+            "must not be shorter than backoff",
+        ));
+    }
+    Ok(RouteMode::Async(AsyncRoute {
+        ack_status,
+        ack_body: r.ack_body.clone().unwrap_or_default(),
+        max_attempts,
+        max_age: dur("max_age", &r.max_age, "24h")?,
+        backoff,
+        max_backoff,
+    }))
+}
+
 fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let pick = |env_name: &str, file: Option<String>, default: &str| -> (String, &'static str) {
         match env(env_name).filter(|v| !v.is_empty()) {
@@ -808,6 +930,7 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
     let mut paths = HashSet::new();
     for (i, r) in raw.routes.into_iter().enumerate() {
         let at = |f: &str| format!("route[{i}].{f}");
+        let mode = route_mode(&r, &at)?;
         let name = r
             .name
             .ok_or_else(|| ConfigError::new(at("name"), "is required"))?;
@@ -878,6 +1001,7 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
             ));
         }
         routes.push(RouteConfig {
+            mode,
             name,
             path,
             provider,
@@ -898,7 +1022,16 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         });
     }
 
+    let ra = raw.async_queue.unwrap_or_default();
+    let async_queue = AsyncConfig {
+        claim_idle: dur("async.claim_idle", ra.claim_idle, "30s")?,
+        max_queue: match ra.max_queue.unwrap_or(100_000) {
+            0 => return Err(ConfigError::new("async.max_queue", "must be at least 1")),
+            n => n,
+        },
+    };
     let config = Config {
+        async_queue,
         listen,
         admin_listen,
         upstream,
@@ -1219,6 +1352,67 @@ breaker_cooldown = "250ms"
             err("[store]\nmin_replicas_ack = 1\nreplicas_ack_timeout = \"2s\"").field,
             "store.replicas_ack_timeout"
         );
+    }
+
+    #[test]
+    fn async_routes_and_their_fields() {
+        let text = format!("{ROUTE}mode = \"async\"\nack_body = \"success\"\n");
+        let c = Config::from_toml_with_env(&text, env_none).unwrap();
+        let RouteMode::Async(a) = &c.routes[0].mode else {
+            panic!("async route expected")
+        };
+        assert_eq!(a.ack_status, 200);
+        assert_eq!(a.ack_body, "success");
+        assert_eq!(a.max_attempts, 10);
+        assert_eq!(a.max_age, Duration::from_secs(24 * 3600));
+        assert_eq!(a.backoff, Duration::from_secs(1));
+        assert_eq!(a.max_backoff, Duration::from_secs(300));
+        assert_eq!(c.async_queue.claim_idle, Duration::from_secs(30));
+        assert_eq!(c.async_queue.max_queue, 100_000);
+        let shown = c.redacted_toml();
+        assert!(shown.contains("mode = \"async\""), "{shown}");
+        assert!(shown.contains("ack_body = \"success\""), "{shown}");
+        assert!(shown.contains("[async]\nclaim_idle = \"30s\""), "{shown}");
+        assert!(toml::from_str::<toml::Value>(&shown).is_ok());
+
+        assert_eq!(c.routes.len(), 1);
+        let sync = Config::from_toml_with_env(ROUTE, env_none).unwrap();
+        assert_eq!(sync.routes[0].mode, RouteMode::Sync);
+        assert_eq!(
+            err(&format!("{ROUTE}ack_body = \"ok\"\n")).field,
+            "route[0].ack_body"
+        );
+        assert_eq!(
+            err(&format!("{ROUTE}max_attempts = 3\n")).field,
+            "route[0].max_attempts"
+        );
+        assert_eq!(
+            err(&format!("{ROUTE}mode = \"later\"\n")).field,
+            "route[0].mode"
+        );
+        let a = format!("{ROUTE}mode = \"async\"\n");
+        assert_eq!(
+            err(&format!("{a}ack_status = 500\n")).field,
+            "route[0].ack_status"
+        );
+        assert_eq!(
+            err(&format!("{a}max_attempts = 0\n")).field,
+            "route[0].max_attempts"
+        );
+        assert_eq!(
+            err(&format!("{a}backoff = \"soon\"\n")).field,
+            "route[0].backoff"
+        );
+        assert_eq!(
+            err(&format!("{a}backoff = \"10s\"\nmax_backoff = \"1s\"\n")).field,
+            "route[0].max_backoff"
+        );
+        assert_eq!(
+            err("[async]\nclaim_idle = \"0s\"").field,
+            "async.claim_idle"
+        );
+        assert_eq!(err("[async]\nmax_queue = 0").field, "async.max_queue");
+        assert!(err("[async]\nbogus = 1").to_string().contains("bogus"));
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct Gate<S> {
     lease: Duration,
     /// The operator console's state (issue 8): tokens, sessions, per-minute activity.
     console: Arc<crate::web::Console>,
+    /// The async routes' queue hand-off (docs/async.md); set once at start.
+    async_mode: std::sync::OnceLock<Arc<crate::queue::AsyncMode>>,
 }
 
 /// What to do after a claim attempt: the pure decision of the answer table.
@@ -59,6 +61,8 @@ pub enum Step {
     Wait,
     /// Answer without forwarding.
     Refuse(Refused),
+    /// Queued on an async route (or being delivered from its queue): acknowledge again.
+    Acknowledge,
 }
 
 /// An answer that is not the upstream's: an outcome, a status and a short reason.
@@ -104,6 +108,7 @@ pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
     match claim {
         Claim::Claimed(token) => Step::Forward(token),
         Claim::Completed(resp) => Step::Replay(resp),
+        Claim::Queued => Step::Acknowledge,
         Claim::Mismatch => Step::Refuse(Refused::new(
             Outcome::PayloadMismatch,
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -270,7 +275,26 @@ impl<S: Store> Gate<S> {
             wait_timeout: config.dedup.wait_timeout,
             lease: config.dedup.lease,
             console: Arc::new(crate::web::Console::new(config)),
+            async_mode: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Turns on async mode for the async routes (once, at start).
+    pub fn set_async_mode(&self, mode: Arc<crate::queue::AsyncMode>) {
+        let _ = self.async_mode.set(mode);
+    }
+
+    pub fn async_mode(&self) -> Option<&Arc<crate::queue::AsyncMode>> {
+        self.async_mode.get()
+    }
+
+    /// The queue hand-off and policy of `route`, when it is an async route.
+    fn async_route(
+        &self,
+        route: &Route,
+    ) -> Option<(&Arc<crate::queue::AsyncMode>, &crate::config::AsyncRoute)> {
+        let mode = self.async_mode.get()?;
+        Some((mode, mode.route(&route.name)?))
     }
 
     pub fn store(&self) -> &S {
@@ -456,6 +480,26 @@ impl<S: Store> Gate<S> {
                 }
             };
             match decide(c, self.in_flight, waited) {
+                Step::Forward(token) if let Some((queue, _)) = self.async_route(route) => {
+                    return queue.accept(&dkey, token, &parts, body, upstream_key).await;
+                }
+                Step::Replay(_) | Step::Acknowledge
+                    if let Some((_, a)) = self.async_route(route) =>
+                {
+                    return (Outcome::Replayed, crate::queue::ack_answer(a));
+                }
+                Step::Acknowledge => {
+                    // A sync route finding a queued key (its mode was changed while
+                    // entries were queued): the queue delivers it; the copy waits.
+                    let r = Refused::new(
+                        Outcome::InFlight,
+                        StatusCode::CONFLICT,
+                        "in_flight",
+                        "a copy of this delivery is queued for delivery; retry later",
+                    )
+                    .retry_after(1);
+                    return (r.outcome, error_answer(&r));
+                }
                 Step::Forward(token) => {
                     return self
                         .forward_and_settle(route, rm, &parts, body, &dkey, upstream_key, token)
@@ -745,6 +789,13 @@ mod tests {
             panic!()
         };
         assert_eq!(r.outcome, Outcome::InFlight);
+    }
+
+    #[test]
+    fn a_queued_key_is_acknowledged_under_either_in_flight_policy() {
+        for policy in [InFlightPolicy::Reject, InFlightPolicy::Wait] {
+            assert_eq!(decide(Claim::Queued, policy, false), Step::Acknowledge);
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod gate;
 pub mod inject;
 pub mod metrics;
 pub mod providers;
+pub mod queue;
 pub mod server;
 pub mod store;
 pub mod upstream;

@@ -25,10 +25,14 @@ pub enum Outcome {
     Overloaded,
     /// The body did not arrive within `body_timeout` (408).
     ClientTimeout,
+    /// An async route's first copy: appended to the queue and acknowledged.
+    Queued,
+    /// An async route's queue held `max_queue` entries: 503 + Retry-After.
+    QueueFull,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -42,6 +46,8 @@ impl Outcome {
         Outcome::NoRoute,
         Outcome::Overloaded,
         Outcome::ClientTimeout,
+        Outcome::Queued,
+        Outcome::QueueFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +65,8 @@ impl Outcome {
             Outcome::NoRoute => "no_route",
             Outcome::Overloaded => "overloaded",
             Outcome::ClientTimeout => "client_timeout",
+            Outcome::Queued => "queued",
+            Outcome::QueueFull => "queue_full",
         }
     }
 
@@ -110,6 +118,39 @@ pub struct Metrics {
     pub connections: IntGauge,
     /// Webhook connections closed at once because `max_connections` were open.
     pub connections_refused: IntCounter,
+    queue: QueueFamilies,
+}
+
+/// The async queues' metric families (docs/async.md).
+struct QueueFamilies {
+    depth: IntGaugeVec,
+    pending: IntGaugeVec,
+    oldest: prometheus::GaugeVec,
+    attempts: IntCounterVec,
+    dead_letters: IntCounterVec,
+    dead_letter_size: IntGaugeVec,
+    delivery_duration: HistogramVec,
+}
+
+/// One async route's queue handles, resolved at start.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    /// Unacknowledged entries in the queue (waiting or in a consumer's hands).
+    pub depth: IntGauge,
+    /// Entries read by a consumer and not yet acknowledged.
+    pub pending: IntGauge,
+    /// Age of the oldest unacknowledged entry, in seconds (0 when empty).
+    pub oldest_age: prometheus::Gauge,
+    /// Delivery attempts that the upstream completed.
+    pub attempts_ok: IntCounter,
+    /// Delivery attempts that failed (non-2xx, unreachable, timeout).
+    pub attempts_failed: IntCounter,
+    /// Entries moved to the dead-letter stream.
+    pub dead_letters: IntCounter,
+    /// Entries in the dead-letter stream now.
+    pub dead_letter_size: IntGauge,
+    /// Time an upstream call from the queue took.
+    pub delivery_duration: Histogram,
 }
 
 /// One route's handles, resolved at start.
@@ -217,6 +258,7 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
 
+        let queue = QueueFamilies::new();
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -229,6 +271,13 @@ impl Metrics {
             Box::new(connections_refused.clone()),
             Box::new(lease_lost.clone()),
             Box::new(build_info),
+            Box::new(queue.depth.clone()),
+            Box::new(queue.pending.clone()),
+            Box::new(queue.oldest.clone()),
+            Box::new(queue.attempts.clone()),
+            Box::new(queue.dead_letters.clone()),
+            Box::new(queue.dead_letter_size.clone()),
+            Box::new(queue.delivery_duration.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -248,6 +297,22 @@ impl Metrics {
             store_circuit_open,
             connections,
             connections_refused,
+            queue,
+        }
+    }
+
+    /// Resolves an async route's queue handles.
+    pub fn queue(&self, route: &str) -> QueueMetrics {
+        let q = &self.queue;
+        QueueMetrics {
+            depth: q.depth.with_label_values(&[route]),
+            pending: q.pending.with_label_values(&[route]),
+            oldest_age: q.oldest.with_label_values(&[route]),
+            attempts_ok: q.attempts.with_label_values(&[route, "completed"]),
+            attempts_failed: q.attempts.with_label_values(&[route, "failed"]),
+            dead_letters: q.dead_letters.with_label_values(&[route]),
+            dead_letter_size: q.dead_letter_size.with_label_values(&[route]),
+            delivery_duration: q.delivery_duration.with_label_values(&[route]),
         }
     }
 
@@ -285,5 +350,60 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+impl QueueFamilies {
+    fn new() -> QueueFamilies {
+        let gauge = |name: &str, help: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &["route"]).expect("valid metric")
+        };
+        QueueFamilies {
+            depth: gauge(
+                "idemgate_queue_depth",
+                "Unacknowledged entries in an async route's queue.",
+            ),
+            pending: gauge(
+                "idemgate_queue_pending",
+                "Queue entries held by a consumer and not yet acknowledged.",
+            ),
+            oldest: prometheus::GaugeVec::new(
+                Opts::new(
+                    "idemgate_queue_oldest_age_seconds",
+                    "Age of the oldest unacknowledged queue entry.",
+                ),
+                &["route"],
+            )
+            .expect("valid metric"),
+            attempts: IntCounterVec::new(
+                Opts::new(
+                    "idemgate_delivery_attempts_total",
+                    "Upstream calls made from the queue, by result (completed, failed).",
+                ),
+                &["route", "result"],
+            )
+            .expect("valid metric"),
+            dead_letters: IntCounterVec::new(
+                Opts::new(
+                    "idemgate_dead_letters_total",
+                    "Queue entries that exhausted max_attempts or max_age.",
+                ),
+                &["route"],
+            )
+            .expect("valid metric"),
+            dead_letter_size: gauge(
+                "idemgate_dead_letter_size",
+                "Entries in an async route's dead-letter stream.",
+            ),
+            delivery_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "idemgate_delivery_duration_seconds",
+                    "Time an upstream call from the queue took.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["route"],
+            )
+            .expect("valid metric"),
+        }
     }
 }

@@ -72,12 +72,19 @@ pub async fn run(
     match &config.store.url {
         StoreUrl::Memory => {
             let store = MemoryStore::new(lifetimes);
+            // The queue holds the plain store: the breaker guards admission of new
+            // deliveries, and the workers' own retries/backoff handle a store outage.
+            let queue = Arc::new(crate::queue::memory::MemoryQueue::new(store.clone()));
             let store = Breaker::new(
                 store,
                 config.store.breaker_threshold,
                 config.store.breaker_cooldown,
             );
-            Bound::bind(&config, store).await?.serve(shutdown).await
+            Bound::bind(&config, store)
+                .await?
+                .with_queue(&config, queue)?
+                .serve(shutdown)
+                .await
         }
         StoreUrl::Redis(url) => {
             let store = RedisStore::new(
@@ -90,12 +97,19 @@ pub async fn run(
                 config.store.min_replicas_ack,
                 config.store.replicas_ack_timeout,
             );
+            // The queue holds the plain store: the breaker guards admission of new
+            // deliveries, and the workers' own retries/backoff handle a store outage.
+            let queue = Arc::new(crate::queue::redis::RedisQueue::new(store.clone()));
             let store = Breaker::new(
                 store,
                 config.store.breaker_threshold,
                 config.store.breaker_cooldown,
             );
-            Bound::bind(&config, store).await?.serve(shutdown).await
+            Bound::bind(&config, store)
+                .await?
+                .with_queue(&config, queue)?
+                .serve(shutdown)
+                .await
         }
     }
 }
@@ -137,6 +151,19 @@ impl<S: Store> Bound<S> {
             max_in_flight: config.max_in_flight,
             max_connections: config.max_connections,
         })
+    }
+
+    /// Turns on async mode (docs/async.md) for the configuration's async routes, on
+    /// `queue`; nothing happens when no route is async.
+    pub fn with_queue(
+        self,
+        config: &Config,
+        queue: Arc<dyn crate::queue::QueueBackend>,
+    ) -> Result<Self, ServeError> {
+        if let Some(mode) = crate::queue::AsyncMode::new(config, queue, self.gate.metrics())? {
+            self.gate.set_async_mode(Arc::new(mode));
+        }
+        Ok(self)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -184,6 +211,9 @@ impl<S: Store> Bound<S> {
             .timer(TokioTimer::new())
             .max_concurrent_streams(MAX_H2_STREAMS)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
+        if let Some(queue) = gate.async_mode() {
+            queue.start();
+        }
         let graceful = GracefulShutdown::new();
         let deliveries = TaskTracker::new();
         let admin_conns = TaskTracker::new();
@@ -265,16 +295,26 @@ impl<S: Store> Bound<S> {
 
         drop(listener);
         drop(admin);
+        // Queue workers stop taking entries now and finish the calls in hand below.
+        if let Some(queue) = gate.async_mode() {
+            queue.stop();
+        }
         tracing::info!(
             in_flight = gate.metrics().in_flight.get(),
             "shutting down: draining deliveries in flight"
         );
         deliveries.close();
+        let draining_since = tokio::time::Instant::now();
         let drained = tokio::time::timeout(grace, async {
             graceful.shutdown().await;
             deliveries.wait().await;
         })
         .await;
+        if let Some(queue) = gate.async_mode() {
+            queue
+                .wait(grace.saturating_sub(draining_since.elapsed()))
+                .await;
+        }
         match drained {
             Ok(()) => tracing::info!("all deliveries drained"),
             Err(_) => tracing::warn!(

@@ -305,6 +305,8 @@ pub async fn replay<S: Store>(
                 remaining,
             )));
         }
+        // An async route's delivery in its queue: the queue's worker is delivering it.
+        Claim::Queued => return Err(ReplayError::InFlight(1)),
         Claim::Mismatch | Claim::Completed(_) => return Err(ReplayError::Changed),
     };
     let method = Method::from_bytes(req.method.as_bytes()).unwrap_or(Method::POST);

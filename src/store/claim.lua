@@ -3,7 +3,7 @@
 -- ARGV[1] owner token, ARGV[2] lease ms, ARGV[3] payload fingerprint,
 -- ARGV[4] now (unix ms), ARGV[5] retention ms
 -- Returns {'claimed'} | {'completed', status, headers, body} |
---         {'in_flight', remaining lease ms} | {'mismatch'}
+--         {'in_flight', remaining lease ms} | {'mismatch'} | {'queued'}
 -- Delivery log (issue 8), all optional: KEYS[3] the route's recent index (absent on
 -- Redis Cluster, where it would be a second slot), ARGV[6] index cap, ARGV[7] the
 -- delivery's key (index member), ARGV[8] '1' = an operator's replay (a forced
@@ -26,6 +26,16 @@ if state[1] == 'completed' and not forced then
   log_recent()
   local r = redis.call('HMGET', KEYS[1], 'resp_status', 'resp_headers', 'resp_body')
   return {'completed', r[1], r[2], r[3]}
+end
+-- An async route's delivery in its queue (or in delivery): copies get the ack again.
+if state[1] == 'queued' then
+  if state[2] and state[2] ~= ARGV[3] then
+    return {'mismatch'}
+  end
+  redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
+  redis.call('HSET', KEYS[1], 'last_seen', ARGV[4])
+  log_recent()
+  return {'queued'}
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('HSET', KEYS[1], 'status', 'processing', 'fp', ARGV[3], 'last_seen', ARGV[4])

@@ -143,6 +143,14 @@ impl Store for MemoryStore {
                     None => Claim::Mismatch,
                 };
             }
+            if entry.status == Status::Queued {
+                if entry.fp != *fp {
+                    return Claim::Mismatch;
+                }
+                entry.duplicates += 1;
+                entry.last_seen = ms;
+                return Claim::Queued;
+            }
             match entry.live_owner(now) {
                 None => {
                     entry.status = Status::Processing;
@@ -260,5 +268,75 @@ impl Store for MemoryStore {
 
     async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
         self.forget_key(key)
+    }
+}
+
+/// What a queue worker finds when it asks to deliver a key (see `crate::queue`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeliveryLock {
+    /// Already completed: nothing to deliver.
+    Completed,
+    /// Someone holds the key's claim now (a gate mid-enqueue, another worker).
+    Busy,
+    /// This worker owns the key's claim for one delivery attempt.
+    Claimed(Token),
+}
+
+/// The async queue's transitions of a key, with the same semantics as the Redis scripts
+/// in `crate::queue::redis`.
+impl MemoryStore {
+    /// Turns the owner's claim into `queued` (the delivery is in the queue) and frees
+    /// the claim for the worker.
+    pub(crate) fn mark_queued(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
+        self.owned(key, token, |e, _| {
+            e.status = Status::Queued;
+            e.owner = None;
+        })
+    }
+
+    /// Claims a queued key for one delivery attempt (fenced like a provider's claim).
+    pub(crate) fn lock_for_delivery(&self, key: &DeliveryKey) -> Result<DeliveryLock, StoreError> {
+        let Lifetimes { lease, retention } = self.lifetimes;
+        self.with_entries(|map, now| {
+            let ms = unix_millis();
+            let entry = map.entry(key.clone()).or_insert_with(|| Entry {
+                status: Status::Queued,
+                fp: Default::default(),
+                owner: None,
+                response: None,
+                attempts: 0,
+                duplicates: 0,
+                first_seen: ms,
+                last_seen: ms,
+                expires_at: now + retention,
+                log: log::Extra::default(),
+            });
+            if entry.status == Status::Completed {
+                return DeliveryLock::Completed;
+            }
+            if entry.live_owner(now).is_some() {
+                return DeliveryLock::Busy;
+            }
+            let token = Token::random();
+            entry.status = Status::Queued;
+            entry.owner = Some((token, now + lease));
+            DeliveryLock::Claimed(token)
+        })
+    }
+
+    /// Gives a failed attempt's claim up; the key stays `queued` for the next attempt.
+    pub(crate) fn unlock(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
+        self.owned(key, token, |e, _| e.owner = None)
+    }
+
+    /// Puts a key that is not completed back to `queued` (a redriven dead letter).
+    pub(crate) fn reset_queued(&self, key: &DeliveryKey) -> Result<(), StoreError> {
+        self.with_entries(|map, _| {
+            if let Some(e) = map.get_mut(key)
+                && e.status != Status::Completed
+            {
+                e.status = Status::Queued;
+            }
+        })
     }
 }

@@ -76,6 +76,9 @@ pub enum Claim {
     Completed(StoredResponse),
     /// The key is held or completed with a different payload fingerprint.
     Mismatch,
+    /// An async route's delivery is queued (or being delivered from the queue): the
+    /// copy gets the route's acknowledgement again, never a second queue entry.
+    Queued,
 }
 
 /// What `inspect` reports about a key.
@@ -98,6 +101,8 @@ pub enum Status {
     Processing,
     Completed,
     Released,
+    /// Acknowledged and waiting in (or being delivered from) an async route's queue.
+    Queued,
 }
 
 impl Status {
@@ -106,6 +111,7 @@ impl Status {
             Status::Processing => "processing",
             Status::Completed => "completed",
             Status::Released => "released",
+            Status::Queued => "queued",
         }
     }
 
@@ -114,6 +120,7 @@ impl Status {
             "processing" => Some(Status::Processing),
             "completed" => Some(Status::Completed),
             "released" => Some(Status::Released),
+            "queued" => Some(Status::Queued),
             _ => None,
         }
     }

@@ -33,13 +33,13 @@ use super::{
 use crate::providers::Fingerprint;
 
 /// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
-struct ScriptDef {
+pub(crate) struct ScriptDef {
     sha: String,
     source: &'static str,
 }
 
 impl ScriptDef {
-    fn new(source: &'static str) -> ScriptDef {
+    pub(crate) fn new(source: &'static str) -> ScriptDef {
         ScriptDef {
             sha: Script::new(source).get_hash().to_string(),
             source,
@@ -73,7 +73,7 @@ pub struct RedisStore {
 }
 
 /// One script call: the script, its keys and its arguments.
-struct Call<'a> {
+pub(crate) struct Call<'a> {
     script: &'a ScriptDef,
     keys: [&'a str; 3],
     nkeys: usize,
@@ -81,7 +81,7 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
+    pub(crate) fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
         let mut k = [""; 3];
         k[..keys.len()].copy_from_slice(keys);
         Call {
@@ -92,7 +92,7 @@ impl<'a> Call<'a> {
         }
     }
 
-    fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
+    pub(crate) fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
         v.write_redis_args(&mut self.args);
         self
     }
@@ -163,14 +163,14 @@ impl RedisStore {
         s
     }
 
-    fn keys(&self, key: &DeliveryKey) -> (String, String) {
+    pub(crate) fn keys(&self, key: &DeliveryKey) -> (String, String) {
         let state = self.state_key(key);
         let lock = format!("{state}:lock");
         (state, lock)
     }
 
     /// Runs one store operation within the store timeout.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         op: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
@@ -185,7 +185,7 @@ impl RedisStore {
     /// Runs one script call (one round trip), pipelined with `WAIT` when `replicated`
     /// and replica acks are on; returns the script's reply and the replicas that
     /// confirmed it.
-    async fn eval(
+    pub(crate) async fn eval(
         &self,
         call: &Call<'_>,
         replicated: bool,
@@ -239,7 +239,7 @@ impl RedisStore {
     }
 
     /// The error for an operation that fewer than the required replicas confirmed.
-    fn under_replicated(&self, what: &str, acked: Option<i64>) -> Option<StoreError> {
+    pub(crate) fn under_replicated(&self, what: &str, acked: Option<i64>) -> Option<StoreError> {
         let want = self.acks?;
         let got = acked.unwrap_or(0);
         (got < i64::from(want.replicas)).then(|| {
@@ -249,13 +249,26 @@ impl RedisStore {
             ))
         })
     }
+
+    /// The connection, for commands that are not scripts (the async queue's streams).
+    pub(crate) fn connection(&self) -> Connection {
+        self.conn.clone()
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn lifetimes(&self) -> Lifetimes {
+        self.lifetimes
+    }
 }
 
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
 
-fn bytes_of(v: &Value) -> Option<&[u8]> {
+pub(crate) fn bytes_of(v: &Value) -> Option<&[u8]> {
     match v {
         Value::BulkString(b) => Some(b),
         Value::SimpleString(s) => Some(s.as_bytes()),
@@ -263,7 +276,7 @@ fn bytes_of(v: &Value) -> Option<&[u8]> {
     }
 }
 
-fn int_of(v: &Value) -> Option<i64> {
+pub(crate) fn int_of(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
         other => std::str::from_utf8(bytes_of(other)?).ok()?.parse().ok(),
@@ -305,6 +318,7 @@ fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
             })
         }
         b"mismatch" => Ok(Claim::Mismatch),
+        b"queued" => Ok(Claim::Queued),
         _ => Err(bad_reply("claim")),
     }
 }

@@ -71,16 +71,7 @@ pub(crate) async fn handle<S: Store>(
 ) -> Answer {
     let store = gate.store();
     if segs.first() == Some(&"dead-letters") {
-        // DEAD-LETTER QUEUE (issue 7): `GET /admin/dead-letters?route=` lists
-        // `store::list_dead_letters`, `POST /admin/dead-letters/{route}/{id}/redrive`
-        // calls `store::redrive` (streams `{prefix}:dlq:{<route>}`). Wire them here, with
-        // `audit(&caller.who, "redrive", …)`, once the async-mode library API lands.
-        let _ = caller;
-        return json_error(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
-            "dead letters come with async mode (issue 7)",
-        );
+        return dead_letters(gate, caller, method, &segs[1..], query).await;
     }
     if store.log_support() == LogSupport::None {
         return no_log();
@@ -188,5 +179,90 @@ fn replay_answer(
             }
             a
         }
+    }
+}
+
+/// Async routes' dead letters (docs/async.md): `GET /admin/dead-letters?route=&limit=&cursor=`
+/// lists a route's dead-letter stream, oldest first; `POST
+/// /admin/dead-letters/{route}/{id}/redrive` puts one back in the route's queue.
+async fn dead_letters<S: Store>(
+    gate: &Gate<S>,
+    caller: &Caller,
+    method: &Method,
+    segs: &[&str],
+    query: Option<&str>,
+) -> Answer {
+    let Some(queue) = gate.async_mode() else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            "no_async_routes",
+            "no route has mode = \"async\": there are no dead letters",
+        );
+    };
+    let q: std::collections::HashMap<String, String> = query
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    match (method, segs) {
+        (&Method::GET, []) => {
+            let Some(route) = q.get("route").filter(|r| !r.is_empty()) else {
+                return json_error(StatusCode::BAD_REQUEST, "bad_request", "route is required");
+            };
+            let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+                None => DEFAULT_LIMIT,
+                Some(Ok(n)) if (1..=MAX_LIMIT).contains(&n) => n,
+                Some(_) => {
+                    return json_error(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        &format!("limit must be 1 to {MAX_LIMIT}"),
+                    );
+                }
+            };
+            let cursor = q
+                .get("cursor")
+                .filter(|c| !c.is_empty())
+                .map(String::as_str);
+            audit(&caller.who, "list_dead_letters", route, "-", "ok");
+            match queue.list_dead_letters(route, limit, cursor).await {
+                Ok(page) => {
+                    let items: Vec<serde_json::Value> = page
+                        .items
+                        .iter()
+                        .map(|d| {
+                            serde_json::json!({
+                                "id": d.id,
+                                "key": d.entry.key,
+                                "method": d.entry.method,
+                                "path": d.entry.path,
+                                "received_at": d.entry.received_at,
+                                "attempts": d.attempts,
+                                "last_error": d.last_error,
+                                "dead_at": d.dead_at,
+                            })
+                        })
+                        .collect();
+                    json(
+                        StatusCode::OK,
+                        &serde_json::json!({ "items": items, "next": page.next }),
+                    )
+                }
+                Err(e) => store_error(&e),
+            }
+        }
+        (&Method::POST, [route, id, "redrive"]) => match queue.redrive(route, id).await {
+            Ok(true) => {
+                audit(&caller.who, "redrive", route, id, "ok");
+                json(StatusCode::OK, &serde_json::json!({ "redriven": id }))
+            }
+            Ok(false) => {
+                audit(&caller.who, "redrive", route, id, "not_found");
+                json_error(StatusCode::NOT_FOUND, "not_found", "no such dead letter")
+            }
+            Err(e) => {
+                audit(&caller.who, "redrive", route, id, "store_error");
+                store_error(&e)
+            }
+        },
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", "no such endpoint"),
     }
 }

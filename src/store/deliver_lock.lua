@@ -1,0 +1,18 @@
+-- A queue worker's check-and-set before forwarding: at most one holder per key, so
+-- two workers racing over a taken-over entry never forward it concurrently.
+-- KEYS[1] state hash, KEYS[2] lock; ARGV[1] worker token, ARGV[2] lease ms,
+-- ARGV[3] now (unix ms), ARGV[4] retention ms
+-- Returns {'completed'} | {'busy'} | {'claimed', attempt number}
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'completed' then
+  return {'completed'}
+end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+    return {'busy'}
+  end
+end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'last_seen', ARGV[3])
+redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {'claimed', redis.call('HINCRBY', KEYS[1], 'delivery_attempts', 1)}
