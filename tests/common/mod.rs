@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod load;
+pub mod monitor;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::convert::Infallible;
