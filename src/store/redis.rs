@@ -116,6 +116,35 @@ impl<'a> Call<'a> {
 }
 
 impl RedisStore {
+    /// Turns a claim script's reply into a `Claim` (shared by the plain and the logged
+    /// claim). A claim that too few replicas confirmed is not safe to forward — a
+    /// failover now could hand the key to a copy — so it is given up in the background
+    /// (the provider's retry is then forwarded) and reported as a store error (503).
+    pub(crate) fn finish_claim(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        reply: Value,
+        acked: Option<i64>,
+    ) -> Result<Claim, StoreError> {
+        if let Value::Array(items) = &reply
+            && items.first().and_then(bytes_of) == Some(b"claimed")
+        {
+            if let Some(e) = self.under_replicated("claim", acked) {
+                let store = self.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.release(&key, token).await {
+                        tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
+                    }
+                });
+                return Err(e);
+            }
+            return Ok(Claim::Claimed(token));
+        }
+        parse_claim(reply)
+    }
+
     /// Prepares the store without waiting for Redis: the sidecar starts (and reports
     /// not ready) while Redis is down, and connects when it comes. `url` may name one
     /// server, a Redis Cluster or a Sentinel-managed master (see `store::topology`).
@@ -334,25 +363,7 @@ impl Store for RedisStore {
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention));
         let (reply, acked) = self.eval(&call, true).await?;
-        if let Value::Array(items) = &reply
-            && items.first().and_then(bytes_of) == Some(b"claimed")
-        {
-            if let Some(e) = self.under_replicated("claim", acked) {
-                // Not safe to forward: a failover now could hand the key to a copy.
-                // Give the claim up so the provider's retry is forwarded (the answer,
-                // 503, does not wait for it).
-                let store = self.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = store.release(&key, token).await {
-                        tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
-                    }
-                });
-                return Err(e);
-            }
-            return Ok(Claim::Claimed(token));
-        }
-        parse_claim(reply)
+        self.finish_claim(key, token, reply, acked)
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {

@@ -18,7 +18,7 @@
 use redis::Value;
 
 use super::super::connection::Connection;
-use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, parse_claim};
+use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms};
 use crate::deliveries::{
     Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
@@ -133,23 +133,7 @@ impl RedisStore {
                 .arg(k.body.as_ref());
         }
         let (reply, acked) = self.eval(&call, true).await?;
-        if let Value::Array(items) = &reply
-            && items.first().and_then(bytes_of) == Some(b"claimed")
-        {
-            if let Some(e) = self.under_replicated("claim", acked) {
-                let store = self.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    use crate::store::Store as _;
-                    if let Err(e) = store.release(&key, token).await {
-                        tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
-                    }
-                });
-                return Err(e);
-            }
-            return Ok(Claim::Claimed(token));
-        }
-        parse_claim(reply)
+        self.finish_claim(key, token, reply, acked)
     }
 
     pub(super) async fn complete_with_log(
