@@ -95,7 +95,16 @@ impl RedisStore {
 
     /// The route's recent index, or None on a Redis Cluster (see the module docs).
     fn index_key(&self, route: &str) -> Option<String> {
-        (!self.is_cluster()).then(|| format!("{}:recent:{{{route}}}", self.prefix))
+        (!self.is_cluster()).then(|| self.index_key_always(route))
+    }
+
+    /// The keys a logged script touches: the status hash, the lock and, off Redis
+    /// Cluster (where it would be a second slot), the route's recent index.
+    fn logged_keys(&self, key: &DeliveryKey) -> Vec<String> {
+        let (state, lock) = self.keys(key);
+        let mut keys = vec![state, lock];
+        keys.extend(self.index_key(&key.route));
+        keys
     }
 
     fn index_key_always(&self, route: &str) -> String {
@@ -109,12 +118,8 @@ impl RedisStore {
         kept: Option<&KeptRequest>,
         force: bool,
     ) -> Result<Claim, StoreError> {
-        let (state, lock) = self.keys(key);
-        let index = self.index_key(&key.route);
-        let mut keys: Vec<&str> = vec![&state, &lock];
-        if let Some(i) = &index {
-            keys.push(i);
-        }
+        let owned_keys = self.logged_keys(key);
+        let keys: Vec<&str> = owned_keys.iter().map(String::as_str).collect();
         let token = Token::random();
         let mut call = Call::new(&self.scripts.claim, &keys)
             .arg(token.to_hex())
@@ -143,12 +148,8 @@ impl RedisStore {
         response: &StoredResponse,
         settled: &Settled,
     ) -> Result<bool, StoreError> {
-        let (state, lock) = self.keys(key);
-        let index = self.index_key(&key.route);
-        let mut keys: Vec<&str> = vec![&state, &lock];
-        if let Some(i) = &index {
-            keys.push(i);
-        }
+        let owned_keys = self.logged_keys(key);
+        let keys: Vec<&str> = owned_keys.iter().map(String::as_str).collect();
         let call = Call::new(&self.scripts.complete, &keys)
             .arg(token.to_hex())
             .arg(response.status)
@@ -180,12 +181,8 @@ impl RedisStore {
         token: Token,
         settled: &Settled,
     ) -> Result<bool, StoreError> {
-        let (state, lock) = self.keys(key);
-        let index = self.index_key(&key.route);
-        let mut keys: Vec<&str> = vec![&state, &lock];
-        if let Some(i) = &index {
-            keys.push(i);
-        }
+        let owned_keys = self.logged_keys(key);
+        let keys: Vec<&str> = owned_keys.iter().map(String::as_str).collect();
         let call = Call::new(&self.scripts.release, &keys)
             .arg(token.to_hex())
             .arg(unix_millis())
