@@ -6,7 +6,7 @@
 //! `req_path`, `req_headers`, `req_body`.
 //!
 //! The recent index is a sorted set per route, `{prefix}:recent:{<route>}`, scored by
-//! last seen (Unix ms) and trimmed to [`RECENT_PER_ROUTE`] inside the scripts. Its hash
+//! the last claim or copy (Unix ms; the complete script leaves it alone) and trimmed to [`RECENT_PER_ROUTE`] inside the scripts. Its hash
 //! tag differs from the delivery's, so on a standalone server or a Sentinel-managed
 //! master the scripts take it as `KEYS[3]`; on a Redis Cluster it would be a second
 //! slot, which a script may not touch, and the index is not written at all: listing
@@ -148,9 +148,9 @@ impl RedisStore {
         response: &StoredResponse,
         settled: &Settled,
     ) -> Result<bool, StoreError> {
-        let owned_keys = self.logged_keys(key);
-        let keys: Vec<&str> = owned_keys.iter().map(String::as_str).collect();
-        let call = Call::new(&self.scripts.complete, &keys)
+        // The complete script leaves the recent index alone (see complete.lua).
+        let (state, lock) = self.keys(key);
+        let call = Call::new(&self.scripts.complete, &[&state, &lock])
             .arg(token.to_hex())
             .arg(response.status)
             .arg(response.headers.as_ref())
@@ -164,9 +164,7 @@ impl RedisStore {
                     .map(|s| s.to_string())
                     .unwrap_or_default(),
             )
-            .arg(settled.latency_ms)
-            .arg(key.key.as_str())
-            .arg(RECENT_PER_ROUTE);
+            .arg(settled.latency_ms);
         let (reply, acked) = self.eval(&call, true).await?;
         let owned = int_of(&reply) == Some(1);
         if owned && let Some(e) = self.under_replicated("completion", acked) {
