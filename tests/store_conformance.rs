@@ -408,6 +408,48 @@ async fn redis_restart_is_survived_and_outage_is_bounded() {
     s.ping().await.unwrap();
 }
 
+/// This process's TCP sockets connected to `port`, with their `TCP_NODELAY` setting
+/// (read off the live file descriptors in /proc/self/fd).
+fn sockets_to(port: u16) -> Vec<bool> {
+    use ::redis::io::tcp::socket2::Socket;
+    use std::os::fd::FromRawFd;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .map(|l| l.to_string_lossy().starts_with("socket:"))
+            .unwrap_or(false);
+        if !is_socket {
+            continue;
+        }
+        // Borrowed, never closed: the Socket is forgotten below.
+        let sock = unsafe { Socket::from_raw_fd(fd) };
+        let peer = sock.peer_addr().ok().and_then(|a| a.as_socket());
+        if peer.map(|a| a.port()) == Some(port) {
+            found.push(sock.tcp_nodelay().unwrap());
+        }
+        std::mem::forget(sock);
+    }
+    found
+}
+
+/// redis-rs leaves Nagle on by default; on one multiplexed connection a claim written
+/// behind an unacknowledged command would wait for the ACK. The store's connections
+/// turn it off (BENCHMARKS.md, "What holds the figures").
+#[tokio::test]
+async fn the_store_connection_to_redis_has_nagle_off() {
+    let server = RedisServer::start_new();
+    assert!(sockets_to(server.port()).is_empty());
+    let s = RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_secs(1)).unwrap();
+    s.ping().await.unwrap();
+    claimed(s.claim(&key("nagle"), &fp("a")).await.unwrap());
+    let sockets = sockets_to(server.port());
+    assert!(!sockets.is_empty(), "no connection to Redis found");
+    assert!(sockets.iter().all(|nodelay| *nodelay), "{sockets:?}");
+}
+
 /// A Redis that does not answer (paused) costs at most the store timeout.
 #[tokio::test]
 async fn a_paused_redis_times_out() {

@@ -17,6 +17,14 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use super::sentinel::SentinelConnection;
 use super::topology::Topology;
 
+/// TCP settings for every connection to Redis. `TCP_NODELAY` is on: redis-rs leaves it
+/// off by default, and on one multiplexed connection a claim written while the previous
+/// command's bytes are unacknowledged would wait for the ACK (Nagle), adding up to a
+/// delayed-ACK timeout to a delivery (BENCHMARKS.md, "What holds the figures").
+pub fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
 /// A handle to the store's Redis, whatever its deployment.
 #[derive(Clone)]
 pub enum Connection {
@@ -30,7 +38,9 @@ impl Connection {
     pub fn new(topology: &Topology, timeout: Duration) -> RedisResult<Connection> {
         match topology {
             Topology::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?
+                    .set_tcp_settings(tcp_settings());
+                let client = redis::Client::open(info)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
@@ -49,6 +59,7 @@ impl Connection {
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
                     .overall_response_timeout(Some(timeout))
+                    .tcp_settings(tcp_settings())
                     .retries(8)
                     .min_retry_wait(10)
                     .max_retry_wait(200)
