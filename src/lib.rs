@@ -9,6 +9,7 @@ pub mod deliveries;
 pub mod demo;
 pub mod gate;
 pub mod inject;
+pub mod logging;
 pub mod metrics;
 pub mod providers;
 pub mod queue;

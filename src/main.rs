@@ -37,15 +37,14 @@ enum Command {
     Deliveries(idemgate::deliveries::cli::DeliveriesArgs),
 }
 
-/// Sets up logging to stderr. Lines are formatted on the caller's thread but written by
-/// a background thread (tracing-appender), so a delivery never waits on a `write(2)`;
-/// the returned guard flushes what is left when it drops, at exit.
-fn init_logging(default: &str) -> Result<tracing_appender::non_blocking::WorkerGuard, String> {
+/// Sets up logging to stderr. Lines are formatted on the caller's thread and written in
+/// batches by a background thread (`idemgate::logging`), so a delivery never waits on a
+/// `write(2)` nor wakes a thread per line; the returned guard writes what is left when
+/// it drops, at exit.
+fn init_logging(default: &str) -> Result<idemgate::logging::Guard, String> {
     let filter = std::env::var("IDEMGATE_LOG").unwrap_or_else(|_| default.to_string());
     let filter = EnvFilter::try_new(&filter).map_err(|e| format!("IDEMGATE_LOG: {e}"))?;
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::stderr());
+    let (writer, guard) = idemgate::logging::batched(std::io::stderr());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
