@@ -62,11 +62,17 @@ fn init_logging(default: &str) -> Result<idemgate::logging::Guard, String> {
     Ok(guard)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+/// The runtime that runs deliveries: tokio's `current_thread` scheduler for one thread
+/// (the sidecar's default, `worker_threads = 1`), the multi-thread scheduler otherwise.
+fn runtime(worker_threads: usize) -> tokio::runtime::Runtime {
+    let mut builder = if worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(worker_threads);
+        b
+    };
+    builder.enable_all().build().expect("tokio runtime")
 }
 
 fn main() -> ExitCode {
@@ -100,7 +106,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime().block_on(idemgate::demo::run()) {
+            match runtime(1).block_on(idemgate::demo::run()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("demo failed: {e}");
@@ -130,7 +136,7 @@ fn main() -> ExitCode {
             if config.routes.is_empty() {
                 tracing::warn!("no routes configured: every delivery will be answered 404");
             }
-            let result = runtime().block_on(idemgate::server::run(
+            let result = runtime(config.worker_threads).block_on(idemgate::server::run(
                 config,
                 idemgate::server::shutdown_signal(),
             ));

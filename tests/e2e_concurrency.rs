@@ -118,9 +118,15 @@ async fn three_sidecars_on_one_redis_forward_300_copies_once() {
         r#"{"replica":"answer"}"#,
         Duration::from_millis(300),
     ));
+    // The replicas run both schedulers: one thread (the default), 2 and 4 workers.
     let mut scs = Vec::new();
-    for _ in 0..3 {
-        scs.push(SidecarBuilder::new(&up.url(), &redis.url()).start().await);
+    for threads in ["1", "2", "4"] {
+        scs.push(
+            SidecarBuilder::new(&up.url(), &redis.url())
+                .top("worker_threads", threads)
+                .start()
+                .await,
+        );
     }
     let d = Delivery::fresh();
     let handles: Vec<_> = (0..300).map(|i| scs[i % 3].send_spawned(&d)).collect();
