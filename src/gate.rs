@@ -375,9 +375,11 @@ impl<S: Store> Gate<S> {
         };
         let _guard = InFlightGuard::new(&self.metrics.in_flight);
         let mut key_for_log: Option<String> = None;
-        let (outcome, answer) = self
-            .deliver(&entry.route, &entry.metrics, req, &mut key_for_log)
-            .await;
+        // Boxed: the delivery's state machine is several KiB (store and upstream calls
+        // nested), and unboxed it would be copied whole each time the future moves
+        // (into the task, into the tracker): 8% of the CPU in `memmove` before.
+        let (outcome, answer) =
+            Box::pin(self.deliver(&entry.route, &entry.metrics, req, &mut key_for_log)).await;
         let elapsed = started.elapsed();
         entry.metrics.record(outcome, elapsed.as_secs_f64());
         self.console.activity.record(&entry.route.name, outcome);
