@@ -540,3 +540,26 @@ async fn sidecar_killed_9_and_restarted_under_load() {
     assert!(f.answered_2xx > 30, "{f:?}");
     assert_no_secrets(&logs);
 }
+
+/// The sidecar opts out of transparent huge pages before its first allocation:
+/// mimalloc's arena is advised for huge pages, and each touched 2 MiB region would be
+/// resident whole (idle RSS 14.5 -> 8.5 MiB without them, BENCHMARKS.md). The kernel
+/// reports the process flag and, in smaps, any huge page mapped.
+#[tokio::test]
+async fn the_sidecar_runs_without_transparent_huge_pages() {
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), "memory").start().await;
+    assert_eq!(sc.send(&Delivery::fresh()).await.status, 200);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", sc.pid())).unwrap();
+    let flag = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    assert_eq!(flag, Some("0"), "THP_enabled line: {flag:?}");
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", sc.pid())).unwrap();
+    let huge = smaps
+        .lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .map(|v| v.trim().trim_end_matches(" kB").trim().to_string());
+    assert_eq!(huge.as_deref(), Some("0"), "{smaps}");
+}
