@@ -32,7 +32,7 @@ sleep 0.5
 IDEMGATE_LOG=${LOG:-info} ${IPIN:-} ${BIN:-target/release/idemgate} run --config $W/ig.toml 2>/dev/null &
 IP=$!
 sleep 0.5
-python3 benches/load/gen_requests.py $W/fresh 2 150000 0 whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+python3 benches/load/gen_requests.py $W/fresh 2 150000 ${DUP:-0} whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 t0i=$(awk '{print $14+$15}' /proc/$IP/stat); t0r=$(awk '{print $14+$15}' /proc/$RP/stat); t0n=$(awk '{print $14+$15}' /proc/$(cat $W/ng/nginx.pid)/stat 2>/dev/null || echo 0)
 idle0=$(awk '/^cpu /{print $5+$6}' /proc/stat)
 if [ -n "${SYSC:-}" ]; then perf stat -e 'syscalls:sys_enter_writev,syscalls:sys_enter_write,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_sched_yield,context-switches' -p $IP -o $W/sysc.txt -- sleep 5 & SC=$!; fi
