@@ -28,11 +28,12 @@ mk redis 18080 18090 '[store]
 url = "redis://127.0.0.1:16379/0"'
 mk mem 18082 18092 ''
 sleep 0.3
-IDEMGATE_LOG=info ${BIN:-target/release/idemgate} run --config $W/redis.toml 2>/dev/null & I1=$!
-IDEMGATE_LOG=info ${BIN:-target/release/idemgate} run --config $W/mem.toml 2>/dev/null & I2=$!
+IDEMGATE_LOG=${LOG:-info} ${BIN:-target/release/idemgate} run --config $W/redis.toml 2>/dev/null & I1=$!
+IDEMGATE_LOG=${LOG:-info} ${BIN:-target/release/idemgate} run --config $W/mem.toml 2>/dev/null & I2=$!
 sleep 0.5
 L=target/release/examples/loadgen; S=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 echo "direct: $($L http://127.0.0.1:18081/webhooks/load ${RATE:-2000} ${SECS:-5} $S)"
 echo "redis:  $($L http://127.0.0.1:18080/webhooks/load ${RATE:-2000} ${SECS:-5} $S)"
 echo "memory: $($L http://127.0.0.1:18082/webhooks/load ${RATE:-2000} ${SECS:-5} $S)"
+[ -n "${STATS:-}" ] && redis-cli -p 16379 latency histogram evalsha | tr "\n" " " | head -c 1500 && echo
 kill $I1 $I2 $NP $RP; wait 2>/dev/null
