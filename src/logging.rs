@@ -21,7 +21,7 @@ use std::time::Duration;
 /// How long the writer thread gathers lines after the first one of a batch.
 pub const GATHER: Duration = Duration::from_millis(10);
 /// Buffered bytes past which the logging thread writes the batch itself.
-pub const HIGH_WATER: usize = 256 * 1024;
+pub const HIGH_WATER: usize = 1024 * 1024;
 
 type Out = Box<dyn Write + Send>;
 
