@@ -246,6 +246,62 @@ async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
     assert_eq!(all.items[0].1.key, "evt_3");
 }
 
+/// A delivery claimed again after its record expired, while its index entry was kept
+/// alive by a newer delivery, stays listed for as long as its new record lives: the
+/// index's lifetime follows the newest claim, not only the newest index member.
+/// `s` keeps deliveries for 2 s.
+async fn a_reclaimed_delivery_stays_listed_while_it_lives<S: Store>(s: S) {
+    let done = settled("forwarded", Some(200), false);
+    let deliver = |k: DeliveryKey| {
+        let s = &s;
+        let done = &done;
+        async move {
+            let t = claimed(s.claim_logged(&k, &fp("x"), None, false).await.unwrap());
+            assert!(
+                s.complete_logged(&k, t, &response(b"ok"), done)
+                    .await
+                    .unwrap()
+            );
+        }
+    };
+    let a = DeliveryKey::new("relisted", "evt_a");
+    deliver(a.clone()).await; // t = 0: a lives until 2.0 s
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    deliver(DeliveryKey::new("relisted", "evt_b")).await; // b (and the index) until 2.5 s
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    assert!(
+        s.log_entry(&a).await.unwrap().is_none(),
+        "a's first record expired"
+    );
+    deliver(a.clone()).await; // t = 2.2 s: a again, until 4.2 s
+    tokio::time::sleep(Duration::from_millis(600)).await; // t = 2.8 s: b has expired
+    let q = ListQuery {
+        routes: vec!["relisted".into()],
+        limit: 10,
+        ..Default::default()
+    };
+    let page = s.recent(&q).await.unwrap();
+    let listed: Vec<&str> = page.items.iter().map(|(_, e)| e.key.as_str()).collect();
+    assert_eq!(listed, ["evt_a"]);
+}
+
+const SHORT: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_secs(2),
+};
+
+#[tokio::test]
+async fn a_reclaimed_delivery_stays_listed_while_it_lives_memory() {
+    a_reclaimed_delivery_stays_listed_while_it_lives(MemoryStore::new(SHORT)).await;
+}
+
+#[tokio::test]
+async fn a_reclaimed_delivery_stays_listed_while_it_lives_redis() {
+    let server = RedisServer::start_new();
+    let s = RedisStore::new(&server.url(), "log", SHORT, Duration::from_secs(1)).unwrap();
+    a_reclaimed_delivery_stays_listed_while_it_lives(s).await;
+}
+
 macro_rules! both {
     ($($case:ident),*) => {
         mod memory {

@@ -16,18 +16,27 @@
 local forced = ARGV[8] == '1'
 local s = redis.call('HMGET', KEYS[1], 'status', 'fp', 'attempts', 'first_seen',
   'duplicates', 'replays', 'resp_status', 'resp_headers', 'resp_body')
--- The recent index, scored by the last claim or copy. Trimmed and given its lifetime
--- when a member is added (a new delivery, or a copy whose entry was trimmed or
--- expired), so the index never lives without a TTL and never passes the cap for long.
-local function log_recent()
-  if KEYS[3] and redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7]) == 1 then
+-- The recent index, scored by the last claim or copy. Trimmed when a member is added
+-- (nothing else grows it). Its lifetime is renewed whenever a member is added and
+-- whenever the claim gives the hash a new lifetime (`renews`), to retention + lease:
+-- the completion, which leaves the index alone, renews the hash's retention when the
+-- upstream call ends (by default within upstream_timeout, 10 s, well inside a 30 s
+-- lease), so the index outlives the deliveries it lists. A copy renews neither.
+local function log_recent(renews)
+  if not KEYS[3] then
+    return
+  end
+  local added = redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7]) == 1
+  if added then
     redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -tonumber(ARGV[6]) - 1)
-    redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  end
+  if added or renews then
+    redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]) + tonumber(ARGV[2]))
   end
 end
 local function copy_seen()
   redis.call('HSET', KEYS[1], 'duplicates', (tonumber(s[5]) or 0) + 1, 'last_seen', ARGV[4])
-  log_recent()
+  log_recent(false)
 end
 if s[1] == 'completed' and not forced then
   if s[2] ~= ARGV[3] then
@@ -59,7 +68,7 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   redis.call('HSET', KEYS[1], unpack(f))
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  log_recent()
+  log_recent(true)
   return {'claimed'}
 end
 -- A retried claim (the first attempt ran but its reply was lost: a dropped connection,

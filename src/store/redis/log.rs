@@ -6,7 +6,8 @@
 //! `req_path`, `req_headers`, `req_body`.
 //!
 //! The recent index is a sorted set per route, `{prefix}:recent:{<route>}`, scored by
-//! the last claim or copy (Unix ms; the complete script leaves it alone) and trimmed to [`RECENT_PER_ROUTE`] inside the scripts. Its hash
+//! the last claim or copy (Unix ms; the complete script leaves it alone), trimmed to
+//! [`RECENT_PER_ROUTE`] inside the scripts and living `retention + lease`. Its hash
 //! tag differs from the delivery's, so on a standalone server or a Sentinel-managed
 //! master the scripts take it as `KEYS[3]`; on a Redis Cluster it would be a second
 //! slot, which a script may not touch, and the index is not written at all: listing
@@ -195,7 +196,8 @@ impl RedisStore {
             .arg(if settled.restore_completed { "1" } else { "0" })
             .arg(key.key.as_str())
             .arg(RECENT_PER_ROUTE)
-            .arg(ms(self.lifetimes.retention));
+            // The index's lifetime, as the claim script sets it (see claim.lua).
+            .arg(ms(self.lifetimes.retention + self.lifetimes.lease));
         let (reply, _) = self.eval(&call, false).await?;
         Ok(int_of(&reply) == Some(1))
     }
