@@ -13,7 +13,6 @@ cd "$(dirname "$0")/../.."
 DELAY=${DELAY:-0.05}
 RATE=${RATE:-200}
 SECONDS_=${SECONDS_:-10}
-SECRET="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 T=${CARGO_TARGET_DIR:-target}
 
 cargo build --release --quiet --bin idemgate --example loadgen
@@ -28,7 +27,7 @@ python3 benches/load/slow_upstream.py "$UP_PORT" "$DELAY" &
 pids+=($!)
 wait_port "$UP_PORT"
 
-start_idemgate() { # mode
+start_idemgate() { # mode; sets STARTED_PORT (not a $(…) subshell: pids must see the pid)
   local port admin
   port=$(free_port); admin=$(free_port)
   cat >"$work/$1.toml" <<CONF
@@ -48,11 +47,11 @@ CONF
   IDEMGATE_LOG=warn "$BIN" run --config "$work/$1.toml" >"$work/$1.log" 2>&1 &
   pids+=($!)
   wait_port "$port"
-  echo "$port"
+  STARTED_PORT=$port
 }
 
-SYNC_PORT=$(start_idemgate sync)
-ASYNC_PORT=$(start_idemgate async)
+start_idemgate sync; SYNC_PORT=$STARTED_PORT
+start_idemgate async; ASYNC_PORT=$STARTED_PORT
 
 echo "upstream delay ${DELAY}s, ${RATE}/s for ${SECONDS_}s, $(nproc) cores"
 for mode in sync async; do

@@ -19,7 +19,6 @@ CONNS=${CONNS:-32}
 RATE=${RATE:-2000}
 RATE_SECONDS=${RATE_SECONDS:-$DURATION}
 DUP_SHARE=${DUP_SHARE:-0.5}
-SECRET="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
@@ -29,7 +28,6 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release --quiet --bin idemgate --example loadgen
 BIN=target/release/idemgate
@@ -38,26 +36,7 @@ LOADGEN=target/release/examples/loadgen
 . benches/load/lib.sh
 start_redis
 
-start_nginx() { # name port body-of-server-block
-  local dir="$work/nginx-$1"; mkdir -p "$dir/logs"
-  cat >"$dir/nginx.conf" <<CONF
-worker_processes auto;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
-  $3
-}
-CONF
-  "$NGINX" -c "$dir/nginx.conf" -p "$dir" -g 'daemon off;' &
-  pids+=($!)
-  wait_port "$2"
-}
-
-UP_PORT=$(free_port)
-start_nginx upstream "$UP_PORT" "server { listen 127.0.0.1:$UP_PORT; location / { return 200 \"ok\"; } }"
+start_upstream
 PROXY_PORT=$(free_port)
 start_nginx proxy "$PROXY_PORT" "upstream app { server 127.0.0.1:$UP_PORT; keepalive 64; }
   server { listen 127.0.0.1:$PROXY_PORT; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
@@ -66,18 +45,7 @@ IG_PID=""
 start_idemgate() {
   IG_PORT=$(free_port); IG_ADMIN=$(free_port)
   redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
-  cat >"$work/idemgate.toml" <<CONF
-listen = "127.0.0.1:$IG_PORT"
-admin_listen = "127.0.0.1:$IG_ADMIN"
-upstream = "http://127.0.0.1:$UP_PORT"
-[store]
-url = "redis://127.0.0.1:$REDIS_PORT/0"
-[[route]]
-name = "load"
-path = "/webhooks/load"
-provider = "standard"
-secrets = ["$SECRET"]
-CONF
+  idemgate_config "$work/idemgate.toml" "$IG_PORT" "$IG_ADMIN" "redis://127.0.0.1:$REDIS_PORT/0"
   IDEMGATE_LOG=${IDEMGATE_LOG:-info} "$BIN" run --config "$work/idemgate.toml" >/dev/null 2>"$work/idemgate.log" &
   IG_PID=$!
   pids+=("$IG_PID")
