@@ -407,6 +407,7 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }
+
 #[cfg(test)]
 mod tests {
     fn future_size<'a, G: 'a, A, Fut, F: FnOnce(&'a G, A) -> Fut>(_: F) -> usize {
