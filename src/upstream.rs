@@ -51,13 +51,11 @@ pub struct Upstream {
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection and are never
-/// forwarded. Headers named in `Connection` are dropped too.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// forwarded. Headers named in `Connection`, and every `Proxy-*` header (meant for a
+/// proxy on the way, never for the application or the provider), are dropped too.
+const HOP_BY_HOP: [HeaderName; 5] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
@@ -86,6 +84,14 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
         h.remove(n);
     }
     h.remove(header::UPGRADE);
+    let proxy: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| n.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
+    for n in proxy {
+        h.remove(n);
+    }
 }
 
 impl Upstream {
@@ -241,6 +247,9 @@ mod tests {
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         h.insert("te", HeaderValue::from_static("trailers"));
         h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert("proxy-status", HeaderValue::from_static("edge"));
+        h.insert("proxy-x-tenant", HeaderValue::from_static("acme"));
         h.insert("host", HeaderValue::from_static("example.com"));
         h.insert("x-end", HeaderValue::from_static("1"));
         let e = end_to_end(&h);

@@ -749,6 +749,48 @@ async fn hop_by_hop_headers_are_not_forwarded() {
     assert_eq!(&r.body[..], &d.body[..]);
 }
 
+/// No `Proxy-*` header crosses the sidecar, in either direction: not to the
+/// application, not back to the provider, not in a replayed answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxy_headers_are_not_forwarded_in_either_direction() {
+    let e = env(StoreKind::Memory, |b| b).await;
+    e.up.set_mode(Mode::Ok {
+        status: 200,
+        headers: vec![
+            ("proxy-status".into(), "app; error=none".into()),
+            ("proxy-x-from-app".into(), "1".into()),
+            ("x-upstream".into(), "yes".into()),
+        ],
+        body: b"{}".to_vec(),
+    });
+    let d = Delivery::fresh()
+        .header("proxy-authorization", "Basic c2VjcmV0")
+        .header("proxy-authenticate", "Basic")
+        .header("proxy-connection", "keep-alive")
+        .header("proxy-status", "edge; error=none")
+        .header("proxy-x-tenant", "acme")
+        .header("x-end-to-end", "kept");
+    let proxy = |names: Vec<String>| -> Vec<String> {
+        names
+            .into_iter()
+            .filter(|n| n.starts_with("proxy-"))
+            .collect()
+    };
+    let a = e.sc.send(&d).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let r = e.up.last();
+    assert_eq!(r.header("x-end-to-end").as_deref(), Some("kept"));
+    let sent = proxy(r.headers.keys().map(|k| k.to_string()).collect());
+    assert!(sent.is_empty(), "forwarded to the application: {sent:?}");
+    let back = proxy(a.headers.keys().map(|k| k.to_string()).collect());
+    assert!(back.is_empty(), "passed back to the provider: {back:?}");
+    assert_eq!(a.header("x-upstream").as_deref(), Some("yes"));
+    let copy = e.sc.send(&d).await;
+    assert!(copy.replayed(), "{copy:?}");
+    let replayed = proxy(copy.headers.keys().map(|k| k.to_string()).collect());
+    assert!(replayed.is_empty(), "in the replayed answer: {replayed:?}");
+}
+
 // ---------------------------------------------------------------------------
 // store trouble, lease loss
 // ---------------------------------------------------------------------------
@@ -818,7 +860,10 @@ async fn store_down_with_pass_forwards_and_counts_bypassed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_lost_during_call_still_answers_and_is_counted() {
-    let e = env(StoreKind::Redis, |b| b.lease("1s")).await;
+    let e = env(StoreKind::Redis, |b| {
+        b.lease("1s")
+    })
+    .await;
     e.up.push_modes(vec![Mode::Delayed(
         Duration::from_millis(1500),
         Box::new(ok_mode(200, r#"{"slow":true}"#)),
