@@ -139,12 +139,12 @@ async fn hostile_input_table_gets_4xx_and_touches_nothing() {
             "bad_request",
         ),
         (
-            "signature sent twice, first garbage",
+            "signature sent twice, different values",
             Delivery::fresh()
                 .signature("v1,garbage")
                 .header("webhook-signature", "v1,also-garbage"),
-            401,
-            "invalid_signature",
+            400,
+            "bad_request",
         ),
         (
             "garbage base64",
@@ -356,6 +356,48 @@ async fn hostile_input_table_gets_4xx_and_touches_nothing() {
 
     assert_untouched(&e);
     assert_no_secrets(&e.sc);
+}
+
+/// A signed header (or the key, or the signature) sent twice with different values is
+/// refused 400 in either order: the application must never read a value nobody signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signed_header_sent_twice_with_different_values_is_400() {
+    let e = hostile_env(|b| b).await;
+    let now = now_secs();
+    let unsigned_ts = (now - 60).to_string();
+    let cases: Vec<(&str, Delivery)> = vec![
+        (
+            "webhook-timestamp twice, the signed one first",
+            Delivery::fresh().header("webhook-timestamp", &unsigned_ts),
+        ),
+        (
+            "webhook-timestamp twice, the signed one second",
+            Delivery::fresh()
+                .timestamp_raw(&unsigned_ts)
+                .header("webhook-timestamp", &now.to_string()),
+        ),
+        (
+            "webhook-signature twice, the valid one first",
+            Delivery::fresh().header("webhook-signature", "v1,Zm9vYmFy"),
+        ),
+        (
+            "webhook-id twice, the signed one first",
+            Delivery::fresh().header("webhook-id", "msg_unsigned"),
+        ),
+    ];
+    for (what, d) in cases {
+        let a = e.sc.send(&d.ts(now)).await;
+        assert_eq!(a.status, 400, "{what}: {} {:?}", a.status, a.text());
+        a.assert_error(400, "bad_request");
+    }
+    assert_untouched(&e);
+    // the same value twice is still one value
+    let d = Delivery::fresh().ts(now);
+    let a =
+        e.sc.send(&d.clone().header("webhook-timestamp", &now.to_string()))
+            .await;
+    assert_eq!(a.status, 200, "{:?}", a.text());
+    assert_eq!(e.up.count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -258,6 +258,12 @@ impl HmacScheme {
 }
 
 impl Verifier for HmacScheme {
+    fn headers_read(&self) -> Vec<HeaderName> {
+        let mut h = vec![self.header.clone()];
+        h.extend(self.timestamp.iter().map(|(name, _)| name.clone()));
+        h
+    }
+
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
         let sig = header_str(headers, self.header.as_str(), "missing signature header")?;
         let ts = match &self.timestamp {

@@ -6,6 +6,7 @@
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
 pub mod alipay;
+pub mod guard;
 pub mod hmac_scheme;
 pub mod keys;
 pub mod rsa_key;
@@ -39,6 +40,10 @@ pub enum Rejection {
 pub trait Verifier: Send + Sync {
     /// `now` is the current Unix time in seconds.
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection>;
+
+    /// Every header the check reads (signature, timestamp, other signed headers): each
+    /// must arrive once, or repeated with one value (see `guard`).
+    fn headers_read(&self) -> Vec<http::HeaderName>;
 
     /// Like `verify`, for schemes that also sign the request's query (Twilio signs
     /// the URL it posted to). `query` is the request's query string, if any.
@@ -173,6 +178,8 @@ pub struct Route {
     /// `orders/create` and `orders/paid`).
     content_scope: &'static [&'static str],
     tolerance: Option<Duration>,
+    /// The headers a delivery must not carry twice with different values.
+    guarded: guard::Guarded,
     /// `"{name}:"`, the prefix of the `idempotency-key` header sent upstream.
     key_header_prefix: String,
 }
@@ -200,6 +207,7 @@ impl Route {
         body: &Bytes,
         now: i64,
     ) -> Result<Identity, Refusal> {
+        self.guarded.check(headers).map_err(Refusal::Signature)?;
         self.verifier
             .verify_request(headers, query, body, now)
             .map_err(Refusal::Signature)?;
@@ -447,7 +455,16 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
     let unsigned_header = key.headers().into_iter().any(|h| {
         !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())
     });
+    let guarded = guard::Guarded::new(
+        preset
+            .verifier
+            .headers_read()
+            .into_iter()
+            .chain(key.headers().into_iter().cloned())
+            .chain(guard::names(preset.content_scope)),
+    );
     Ok(Route {
+        guarded,
         name: Arc::from(cfg.name.as_str()),
         path: cfg.path.clone(),
         upstream_path: cfg.upstream_path.clone(),

@@ -101,6 +101,10 @@ pub(crate) fn check_timestamp(text: &str, now: i64, tolerance: i64) -> Result<i6
 }
 
 impl Verifier for StandardWebhooks {
+    fn headers_read(&self) -> Vec<http::HeaderName> {
+        super::guard::names(&["webhook-id", "webhook-timestamp", "webhook-signature"])
+    }
+
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
         let id = header_str(headers, "webhook-id", "missing webhook-id header")?;
         let ts = header_str(

@@ -32,6 +32,10 @@ impl Stripe {
 }
 
 impl Verifier for Stripe {
+    fn headers_read(&self) -> Vec<http::HeaderName> {
+        super::guard::names(&["stripe-signature"])
+    }
+
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
         let header = header_str(
             headers,

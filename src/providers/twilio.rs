@@ -105,6 +105,11 @@ impl Twilio {
 }
 
 impl Verifier for Twilio {
+    /// The signature, and `Content-Type`, which decides how the body is signed.
+    fn headers_read(&self) -> Vec<http::HeaderName> {
+        super::guard::names(&["x-twilio-signature", "content-type"])
+    }
+
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
         self.verify_request(headers, None, body, now)
     }

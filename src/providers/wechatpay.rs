@@ -78,6 +78,16 @@ impl WechatPay {
 }
 
 impl Verifier for WechatPay {
+    fn headers_read(&self) -> Vec<http::HeaderName> {
+        super::guard::names(&[
+            "wechatpay-signature",
+            "wechatpay-timestamp",
+            "wechatpay-nonce",
+            "wechatpay-serial",
+            "wechatpay-signature-type",
+        ])
+    }
+
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
         let sig = header_str(
             headers,
