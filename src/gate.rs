@@ -16,7 +16,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 
 use crate::config::{Config, InFlightPolicy, OnStoreError};
-use crate::metrics::{Metrics, Outcome, RouteMetrics, StoreOp};
+use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
 use crate::providers::{self, KeyError, Refusal, Rejection, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError, UpstreamResponse};
@@ -255,12 +255,12 @@ impl<S: Store> Gate<S> {
             let route = providers::build_route(rc, config).map_err(|e| {
                 crate::config::ConfigError::new(format!("route[{i}].{}", e.field), e.message)
             })?;
-            let metrics = metrics.route(&rc.name);
+            let metrics = metrics.route(&rc.name, RouteKind::of(rc, config.store.on_error));
             routes.insert(rc.path.clone(), RouteEntry { route, metrics });
         }
         Ok(Gate {
             routes,
-            no_route: metrics.route("-"),
+            no_route: metrics.route("-", RouteKind::Unmatched),
             store,
             upstream: Upstream::new(
                 &config.upstream,

@@ -73,6 +73,60 @@ impl Outcome {
     fn index(self) -> usize {
         self as usize
     }
+
+    /// Whether a route of `kind` can end a delivery with this outcome: only those
+    /// series are exported, so none sits at 0 forever.
+    pub fn possible(self, kind: RouteKind) -> bool {
+        use Outcome::*;
+        match kind {
+            RouteKind::Unmatched => matches!(self, NoRoute | Overloaded),
+            RouteKind::Sync { pass } => match self {
+                NoRoute | Queued | QueueFull => false,
+                // with "pass" a store failure forwards (bypassed or upstream_error)
+                Bypassed => pass,
+                StoreUnavailable => !pass,
+                _ => true,
+            },
+            RouteKind::Async { pass } => match self {
+                NoRoute | Forwarded => false,
+                // an async route calls the upstream itself only to bypass the store
+                Bypassed | UpstreamError => pass,
+                _ => true,
+            },
+        }
+    }
+}
+
+/// What kind of route a set of handles is for: it decides which series exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    /// `route="-"`: requests that match no route.
+    Unmatched,
+    /// A sync route; `pass` = `on_error = "pass"`.
+    Sync { pass: bool },
+    /// An async route; `pass` = `on_error = "pass"`.
+    Async { pass: bool },
+}
+
+impl RouteKind {
+    /// The kind of a configured route.
+    pub fn of(route: &crate::config::RouteConfig, on_error: crate::config::OnStoreError) -> Self {
+        let pass = on_error == crate::config::OnStoreError::Pass;
+        match route.mode {
+            crate::config::RouteMode::Sync => RouteKind::Sync { pass },
+            crate::config::RouteMode::Async(_) => RouteKind::Async { pass },
+        }
+    }
+
+    /// Whether the route calls the upstream while the provider waits (sync forwards,
+    /// or any route's bypass): only then has it upstream latencies.
+    fn calls_upstream(self) -> bool {
+        match self {
+            RouteKind::Unmatched => false,
+            RouteKind::Sync { .. } => true,
+            RouteKind::Async { pass } => pass,
+        }
+    }
 }
 
 /// Store operations timed in `idemgate_store_duration_seconds{op}`.
@@ -153,19 +207,27 @@ pub struct QueueMetrics {
     pub delivery_duration: Histogram,
 }
 
-/// One route's handles, resolved at start.
+/// One route's handles, resolved at start. An outcome the route cannot produce has no
+/// handle; the upstream and lease-lost handles of a route that cannot move them are
+/// never exported.
 pub struct RouteMetrics {
-    requests: Vec<IntCounter>,
-    durations: Vec<Histogram>,
+    requests: Vec<Option<(IntCounter, Histogram)>>,
     pub upstream: Histogram,
     pub lease_lost: IntCounter,
 }
 
 impl RouteMetrics {
     pub fn record(&self, outcome: Outcome, seconds: f64) {
-        self.requests[outcome.index()].inc();
-        self.durations[outcome.index()].observe(seconds);
+        if let Some((count, duration)) = &self.requests[outcome.index()] {
+            count.inc();
+            duration.observe(seconds);
+        }
     }
+}
+
+/// A histogram that is never registered: the handle of a series a route cannot move.
+fn unexported_histogram() -> Histogram {
+    Histogram::with_opts(HistogramOpts::new("unexported", "never exported")).expect("valid metric")
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -316,19 +378,33 @@ impl Metrics {
         }
     }
 
-    /// Resolves a route's handles (route `-` for requests that match no route).
-    pub fn route(&self, name: &str) -> RouteMetrics {
+    /// Resolves a route's handles (route `-` for requests that match no route),
+    /// creating at 0 exactly the series a route of `kind` can move.
+    pub fn route(&self, name: &str, kind: RouteKind) -> RouteMetrics {
+        let sync = matches!(kind, RouteKind::Sync { .. });
         RouteMetrics {
             requests: Outcome::ALL
                 .iter()
-                .map(|o| self.requests.with_label_values(&[name, o.as_str()]))
+                .map(|o| {
+                    o.possible(kind).then(|| {
+                        (
+                            self.requests.with_label_values(&[name, o.as_str()]),
+                            self.request_duration.with_label_values(&[name, o.as_str()]),
+                        )
+                    })
+                })
                 .collect(),
-            durations: Outcome::ALL
-                .iter()
-                .map(|o| self.request_duration.with_label_values(&[name, o.as_str()]))
-                .collect(),
-            upstream: self.upstream_duration.with_label_values(&[name]),
-            lease_lost: self.lease_lost.with_label_values(&[name]),
+            upstream: if kind.calls_upstream() {
+                self.upstream_duration.with_label_values(&[name])
+            } else {
+                unexported_histogram()
+            },
+            // only a sync forward can lose its lease after the upstream answered
+            lease_lost: if sync {
+                self.lease_lost.with_label_values(&[name])
+            } else {
+                IntCounter::new("unexported", "never exported").expect("valid metric")
+            },
         }
     }
 

@@ -791,6 +791,124 @@ async fn proxy_headers_are_not_forwarded_in_either_direction() {
     assert!(replayed.is_empty(), "in the replayed answer: {replayed:?}");
 }
 
+/// The `(route, outcome)` pairs of `idemgate_requests_total` (and of the request
+/// duration histogram's `_count`) in a /metrics text.
+fn outcome_series(m: &str, family: &str) -> std::collections::BTreeSet<(String, String)> {
+    let label = |line: &str, name: &str| -> String {
+        let at = line.find(&format!("{name}=\"")).expect(name) + name.len() + 2;
+        line[at..].split('"').next().unwrap_or_default().to_string()
+    };
+    m.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .map(|l| (label(l, "route"), label(l, "outcome")))
+        .collect()
+}
+
+/// Each route exports, from start and at 0, exactly the outcomes it can produce:
+/// `route="-"` only `no_route` and `overloaded`; a sync route never `no_route` or the
+/// async outcomes; an async route never `forwarded`; `bypassed` only with
+/// `on_error = "pass"`, which in turn never answers `store_unavailable` on a sync route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_export_only_the_series_a_route_can_produce() {
+    const COMMON: &[&str] = &[
+        "replayed",
+        "in_flight",
+        "payload_mismatch",
+        "invalid_signature",
+        "bad_request",
+        "too_large",
+        "overloaded",
+        "client_timeout",
+    ];
+    let expected = |on_error: &str| {
+        let pass = on_error == "pass";
+        let mut want = std::collections::BTreeSet::new();
+        let mut add = |route: &str, outcomes: &[&str]| {
+            for o in outcomes {
+                want.insert((route.to_string(), o.to_string()));
+            }
+        };
+        add("-", &["no_route", "overloaded"]);
+        add(ROUTE, COMMON);
+        add(ROUTE, &["forwarded", "upstream_error"]);
+        add(
+            ROUTE,
+            if pass {
+                &["bypassed"]
+            } else {
+                &["store_unavailable"]
+            },
+        );
+        add("aq", COMMON);
+        add("aq", &["queued", "queue_full", "store_unavailable"]);
+        if pass {
+            add("aq", &["bypassed", "upstream_error"]);
+        }
+        want
+    };
+    for on_error in ["reject", "pass"] {
+        let mut aq = RouteCfg::standard("aq", "/webhooks/aq");
+        aq.extra = "mode = \"async\"\n".into();
+        let e = env(StoreKind::Memory, |b| {
+            b.store_opt("on_error", on_error)
+                .route(RouteCfg::standard(ROUTE, PATH))
+                .route(aq)
+        })
+        .await;
+        let m = e.sc.metrics().await;
+        let want = expected(on_error);
+        for family in [
+            "idemgate_requests_total",
+            "idemgate_request_duration_seconds_count",
+        ] {
+            let got = outcome_series(&m, family);
+            let extra: Vec<_> = got.difference(&want).collect();
+            let missing: Vec<_> = want.difference(&got).collect();
+            assert!(
+                extra.is_empty() && missing.is_empty(),
+                "on_error = {on_error}, {family}: never-moving series {extra:?}, missing {missing:?}"
+            );
+        }
+        for line in m
+            .lines()
+            .filter(|l| l.starts_with("idemgate_requests_total{"))
+        {
+            assert!(line.ends_with(" 0"), "not 0 at start: {line}");
+        }
+        // the per-route upstream and lease families exist only where they can move
+        let routes_of = |family: &str| -> Vec<String> {
+            m.lines()
+                .filter(|l| l.starts_with(&format!("{family}{{")))
+                .filter_map(|l| l.split("route=\"").nth(1))
+                .filter_map(|r| r.split('"').next())
+                .map(str::to_string)
+                .collect()
+        };
+        let upstream_routes = if on_error == "pass" {
+            vec![ROUTE.to_string(), "aq".to_string()]
+        } else {
+            vec![ROUTE.to_string()]
+        };
+        let mut got = routes_of("idemgate_upstream_duration_seconds_count");
+        got.sort();
+        let mut want_up = upstream_routes.clone();
+        want_up.sort();
+        assert_eq!(
+            got, want_up,
+            "on_error = {on_error}: upstream duration routes"
+        );
+        assert_eq!(
+            routes_of("idemgate_lease_lost_total"),
+            vec![ROUTE.to_string()],
+            "on_error = {on_error}: lease lost routes"
+        );
+        // and a series still moves when its outcome happens
+        let a = e.sc.send(&Delivery::fresh()).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        e.sc.wait_requests_total(ROUTE, "forwarded", 1.0).await;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // store trouble, lease loss
 // ---------------------------------------------------------------------------
