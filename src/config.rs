@@ -14,6 +14,8 @@ use std::time::Duration;
 use http::Uri;
 use serde::Deserialize;
 
+mod bounds;
+
 /// A configuration problem, always naming the field it is about.
 #[derive(Debug, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -751,7 +753,7 @@ fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, C
         if d.is_zero() {
             return Err(ConfigError::new(at(field), "must be greater than zero"));
         }
-        Ok(d)
+        bounds::within(field, &at(field), d)
     };
     let ack_status = r.ack_status.unwrap_or(200);
     if !(200..300).contains(&ack_status) {
@@ -821,7 +823,7 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         if d.is_zero() {
             return Err(ConfigError::new(field, "must be greater than zero"));
         }
-        Ok(d)
+        bounds::within(field, field, d)
     };
     let upstream_timeout = dur("upstream_timeout", raw.upstream_timeout, "10s")?;
     let max_body = parse_size("max_body", raw.max_body.as_deref().unwrap_or("1MiB"))?;
@@ -1002,7 +1004,11 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
             secrets.push(secret);
         }
         let tolerance = match r.tolerance {
-            Some(t) => Some(parse_duration(&at("tolerance"), &t)?),
+            Some(t) => Some(bounds::within(
+                "tolerance",
+                &at("tolerance"),
+                parse_duration(&at("tolerance"), &t)?,
+            )?),
             None => None,
         };
         if let Some(p) = &r.upstream_path
@@ -1062,6 +1068,7 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
         routes,
         admin_tokens: admin_tokens(raw.admin_token, env)?,
     };
+    bounds::relations(&config)?;
     // Provider-specific checks (secret formats, tolerance rules, key sources) belong to
     // the providers; building every route once here reports them at start.
     for (i, r) in config.routes.iter().enumerate() {

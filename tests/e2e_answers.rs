@@ -979,7 +979,7 @@ async fn store_down_with_pass_forwards_and_counts_bypassed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_lost_during_call_still_answers_and_is_counted() {
     let e = env(StoreKind::Redis, |b| {
-        b.lease("1s")
+        b.lease("1s").store_opt("timeout", "500ms")
     })
     .await;
     e.up.push_modes(vec![Mode::Delayed(

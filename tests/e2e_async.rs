@@ -421,6 +421,7 @@ async fn a_live_workers_slow_delivery_is_neither_taken_over_nor_forwarded_twice(
     up.push_modes(vec![Mode::Stall(Duration::from_secs(3))]);
     let builder = sidecar(&up.url(), &redis, "", "claim_idle = \"1s\"\n")
         .lease("1s")
+        .store_opt("timeout", "500ms")
         .top("upstream_timeout", "10s");
     let a = builder.clone().start().await;
     let b = builder.start().await;

@@ -158,6 +158,7 @@ async fn killed_claimer_frees_key_after_lease() {
     up.push_modes(vec![Mode::Hang]);
     let builder = SidecarBuilder::new(&up.url(), &redis.url())
         .lease("1s")
+        .store_opt("timeout", "500ms")
         .top("upstream_timeout", "30s");
     let mut a = builder.clone().start().await;
     let b = builder.start().await;
@@ -213,6 +214,7 @@ async fn slow_upstream_keeps_claim(kind: StoreKind) {
     )]);
     let builder = SidecarBuilder::new(&up.url(), &store.url())
         .lease("1s")
+        .store_opt("timeout", "500ms")
         .top("upstream_timeout", "10s");
     let a = builder.clone().start().await;
     // with Redis, copies go through a second replica: the claim must live in Redis

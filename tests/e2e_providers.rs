@@ -825,3 +825,93 @@ fn check_config_names_the_broken_secret_key_or_certificate() {
     );
     assert_eq!(code, 0, "{stderr}");
 }
+
+/// Every duration is bounded: nonsense (a retention of 300 billion years, a timeout
+/// under a millisecond, a lease a stalled renewal would lose, a retention shorter than
+/// an upstream call) is refused by `check-config`, the error naming the field.
+#[test]
+fn check_config_refuses_durations_out_of_bounds() {
+    let route = "\n[[route]]\nname = \"r\"\npath = \"/r\"\nprovider = \"stripe\"\nsecrets = [\"whsec_x\"]\n";
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "[dedup]\nretention = \"300000000000y\"\n",
+            "",
+            "dedup.retention",
+        ),
+        ("[dedup]\nretention = \"400days\"\n", "", "dedup.retention"),
+        ("upstream_timeout = \"200000y\"\n", "", "upstream_timeout"),
+        ("header_timeout = \"500us\"\n", "", "header_timeout"),
+        ("body_timeout = \"2h\"\n", "", "body_timeout"),
+        ("shutdown_grace = \"2h\"\n", "", "shutdown_grace"),
+        (
+            "[store]\nurl = \"memory\"\ntimeout = \"10m\"\n",
+            "",
+            "store.timeout",
+        ),
+        (
+            "[store]\nurl = \"memory\"\nbreaker_cooldown = \"1000y\"\n",
+            "",
+            "store.breaker_cooldown",
+        ),
+        (
+            "[dedup]\nwait_timeout = \"1000y\"\n",
+            "",
+            "dedup.wait_timeout",
+        ),
+        ("[dedup]\nlease = \"1000y\"\n", "", "dedup.lease"),
+        (
+            "[store]\nurl = \"memory\"\ntimeout = \"1s\"\n[dedup]\nlease = \"1s\"\n",
+            "",
+            "dedup.lease",
+        ),
+        (
+            "upstream_timeout = \"10s\"\n[dedup]\nlease = \"15s\"\nretention = \"20s\"\n",
+            "",
+            "dedup.retention",
+        ),
+        ("[async]\nclaim_idle = \"1000y\"\n", "", "async.claim_idle"),
+        ("", "tolerance = \"1000days\"\n", "route[0].tolerance"),
+        (
+            "",
+            "mode = \"async\"\nmax_age = \"100000days\"\n",
+            "route[0].max_age",
+        ),
+        (
+            "",
+            "mode = \"async\"\nbackoff = \"1000y\"\n",
+            "route[0].backoff",
+        ),
+        (
+            "",
+            "mode = \"async\"\nmax_backoff = \"1000y\"\n",
+            "route[0].max_backoff",
+        ),
+    ];
+    for (top, route_extra, field) in cases {
+        let text = format!("{top}{route}{route_extra}");
+        let (code, stderr) = check_config(&text, &[]);
+        assert_eq!(code, 1, "{text}\nexpected {field} refused: {stderr}");
+        assert!(
+            stderr.contains(field),
+            "{text}\nexpected {field} in {stderr}"
+        );
+    }
+    // the bounds themselves pass: a lease of 2 × store.timeout, a retention of exactly
+    // upstream_timeout + lease, the longest timeouts, the shortest, the longest windows
+    let edge = "upstream_timeout = \"1h\"\nheader_timeout = \"1ms\"\n\
+                [store]\nurl = \"memory\"\ntimeout = \"1m\"\n\
+                [dedup]\nlease = \"2m\"\nretention = \"1h 2m\"\n";
+    let (code, stderr) = check_config(&format!("{edge}{route}tolerance = \"1m\"\n"), &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let longest = "body_timeout = \"1h\"\nshutdown_grace = \"1h\"\n\
+                   [dedup]\nretention = \"365days\"\nwait_timeout = \"1h\"\n\
+                   [async]\nclaim_idle = \"1h\"\n";
+    let (code, stderr) = check_config(
+        &format!(
+            "{longest}{route}tolerance = \"7days\"\nmode = \"async\"\n\
+             max_age = \"365days\"\nbackoff = \"1day\"\nmax_backoff = \"1day\"\n"
+        ),
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+}

@@ -293,8 +293,11 @@ impl RedisStore {
     }
 }
 
+/// `d` in whole milliseconds for Redis (at least 1: `PX 0` is an error), saturating
+/// instead of wrapping should a duration exceed `u64::MAX` ms (configured durations
+/// are bounded far below that).
 pub(crate) fn ms(d: Duration) -> u64 {
-    d.as_millis().max(1) as u64
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 pub(crate) fn bytes_of(v: &Value) -> Option<&[u8]> {
