@@ -1,6 +1,8 @@
 //! The delivery log's store semantics (issue 8), written once and run against the
 //! Redis store on a private redis-server and the in-memory store: what claim, complete
-//! and release record, the operator's forced claim, forget, and the recent list.
+//! and release record, the operator's forced claim (and every way its claim can end),
+//! forget, the recent list, and the queue's transitions as claims see them. Every case
+//! is listed once in `both!` at the bottom, so the two stores cannot drift.
 
 mod common;
 
@@ -293,18 +295,6 @@ const SHORT: Lifetimes = Lifetimes {
     retention: Duration::from_secs(2),
 };
 
-#[tokio::test]
-async fn a_reclaimed_delivery_stays_listed_while_it_lives_memory() {
-    a_reclaimed_delivery_stays_listed_while_it_lives(MemoryStore::new(SHORT)).await;
-}
-
-#[tokio::test]
-async fn a_reclaimed_delivery_stays_listed_while_it_lives_redis() {
-    let server = RedisServer::start_new();
-    let s = RedisStore::new(&server.url(), "log", SHORT, Duration::from_secs(1)).unwrap();
-    a_reclaimed_delivery_stays_listed_while_it_lives(s).await;
-}
-
 /// Waits until no live claim holds `k` (its lease lapsed), or panics after 5 s.
 async fn until_unclaimed<S: Store>(s: &S, k: &DeliveryKey) {
     let end = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -448,37 +438,6 @@ const SHORT_RETENTION: Lifetimes = Lifetimes {
     retention: Duration::from_millis(300),
 };
 
-#[tokio::test]
-async fn a_replay_that_never_settles_leaves_the_old_answer_memory() {
-    a_replay_that_never_settles_leaves_the_old_answer(MemoryStore::new(SHORT_LEASE)).await;
-}
-
-#[tokio::test]
-async fn a_replay_that_never_settles_leaves_the_old_answer_redis() {
-    let server = RedisServer::start_new();
-    let s = RedisStore::new(&server.url(), "log", SHORT_LEASE, Duration::from_secs(1)).unwrap();
-    a_replay_that_never_settles_leaves_the_old_answer(s).await;
-}
-
-#[tokio::test]
-async fn queued_keys_answer_queued_memory() {
-    let s = MemoryStore::new(SHORT_RETENTION);
-    queued_keys_answer_queued(s.clone(), MemoryQueue::new(s)).await;
-}
-
-#[tokio::test]
-async fn queued_keys_answer_queued_redis() {
-    let server = RedisServer::start_new();
-    let s = RedisStore::new(
-        &server.url(),
-        "log",
-        SHORT_RETENTION,
-        Duration::from_secs(1),
-    )
-    .unwrap();
-    queued_keys_answer_queued(s.clone(), RedisQueue::new(s)).await;
-}
-
 /// With `min_replicas_ack`, a replay's claim that no replica confirmed is given up in
 /// the background with the plain release: the key stays completed with its old answer
 /// (one redis-server, no replica: `WAIT` falls short).
@@ -508,14 +467,26 @@ async fn an_under_replicated_replay_claim_keeps_the_old_answer() {
     );
 }
 
+/// Instantiates every case for both stores: `stores:` cases take the store, `queued:`
+/// cases the store and its queue; each with the lifetimes it names.
 macro_rules! both {
-    ($($case:ident),*) => {
+    (
+        stores: $($case:ident => $lifetimes:expr),* ;
+        queued: $($qcase:ident => $qlifetimes:expr),* $(,)?
+    ) => {
         mod memory {
             use super::*;
             $(
                 #[tokio::test]
                 async fn $case() {
-                    super::$case(MemoryStore::new(LIFETIMES)).await;
+                    super::$case(MemoryStore::new($lifetimes)).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $qcase() {
+                    let s = MemoryStore::new($qlifetimes);
+                    super::$qcase(s.clone(), MemoryQueue::new(s)).await;
                 }
             )*
         }
@@ -525,8 +496,16 @@ macro_rules! both {
                 #[tokio::test]
                 async fn $case() {
                     let server = RedisServer::start_new();
-                    let s = RedisStore::new(&server.url(), "log", LIFETIMES, Duration::from_secs(1)).unwrap();
+                    let s = RedisStore::new(&server.url(), "log", $lifetimes, Duration::from_secs(1)).unwrap();
                     super::$case(s).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $qcase() {
+                    let server = RedisServer::start_new();
+                    let s = RedisStore::new(&server.url(), "log", $qlifetimes, Duration::from_secs(1)).unwrap();
+                    super::$qcase(s.clone(), RedisQueue::new(s)).await;
                 }
             )*
         }
@@ -534,10 +513,15 @@ macro_rules! both {
 }
 
 both!(
-    claim_complete_release_are_recorded,
-    a_forced_claim_reclaims_completed_but_never_a_live_claim,
-    forget_frees_a_key_but_not_a_live_claim,
-    the_recent_list_pages_newest_first_and_filters,
-    any_release_of_a_replay_keeps_the_old_answer,
-    a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch
+    stores:
+    claim_complete_release_are_recorded => LIFETIMES,
+    a_forced_claim_reclaims_completed_but_never_a_live_claim => LIFETIMES,
+    forget_frees_a_key_but_not_a_live_claim => LIFETIMES,
+    the_recent_list_pages_newest_first_and_filters => LIFETIMES,
+    a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
+    a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,
+    any_release_of_a_replay_keeps_the_old_answer => LIFETIMES,
+    a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch => LIFETIMES;
+    queued:
+    queued_keys_answer_queued => SHORT_RETENTION,
 );
