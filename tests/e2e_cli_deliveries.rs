@@ -139,7 +139,7 @@ async fn list_show_forget_and_replay_from_the_command_line() {
 async fn an_interrupted_replay_leaves_the_completed_answer_standing() {
     let redis = RedisServer::start_new();
     let upstream = Upstream::start().await;
-    let sc = builder(&upstream, &redis).lease("1s").start().await;
+    let sc = builder(&upstream, &redis).lease("2s").start().await;
     let cli = Cli::new(&sc);
     let ok = Delivery::fresh();
     assert_eq!(sc.send(&ok).await.status, 200);
