@@ -295,16 +295,6 @@ impl RedisStore {
     }
 }
 
-/// A key's status as the scripts see it: an operator's replay of a completed key whose
-/// claim lapsed without settling (`restore` set, an answer kept, no lock) is completed
-/// with its old answer (see claim.lua).
-pub(crate) fn status_of(raw: Option<&str>, restores: bool, locked: bool) -> Option<Status> {
-    match Status::parse(raw?)? {
-        Status::Processing if restores && !locked => Some(Status::Completed),
-        s => Some(s),
-    }
-}
-
 pub(crate) fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
@@ -321,6 +311,16 @@ pub(crate) fn int_of(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
         other => std::str::from_utf8(bytes_of(other)?).ok()?.parse().ok(),
+    }
+}
+
+/// A key's status as the scripts see it: an operator's replay of a completed key whose
+/// claim lapsed without settling (`restore` set, an answer kept, no lock) is completed
+/// with its old answer (see claim.lua).
+pub(crate) fn status_of(raw: Option<&str>, restores: bool, locked: bool) -> Option<Status> {
+    match Status::parse(raw?)? {
+        Status::Processing if restores && !locked => Some(Status::Completed),
+        s => Some(s),
     }
 }
 
