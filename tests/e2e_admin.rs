@@ -336,6 +336,45 @@ async fn replay_sends_the_kept_request_again_and_records_the_new_answer() {
     assert_eq!(r.status, 404);
 }
 
+/// With `min_replicas_ack` and no replica to confirm it (one redis-server: `WAIT`
+/// falls short), a replay's claim is given up at once and the admin API answers 503:
+/// the key stays completed with its old answer, and the provider's next copy (through
+/// a sidecar without replica acks) is answered from the store, not forwarded again.
+#[tokio::test]
+async fn an_under_replicated_replay_leaves_the_completed_answer_standing() {
+    let redis = RedisServer::start_new();
+    let upstream = Upstream::start().await;
+    let sc = builder(&upstream, &redis).start().await;
+    let acked = builder(&upstream, &redis)
+        .store_raw("min_replicas_ack", "1")
+        .store_opt("replicas_ack_timeout", "50ms")
+        .start()
+        .await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    let r = api(
+        &acked,
+        "POST",
+        &format!("{}/replay", delivery_path(ROUTE, &d.id)),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", r.json);
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = api(&sc, "GET", &delivery_path(ROUTE, &d.id), Some(TOKEN)).await;
+        if e.json["claimed"] == false {
+            assert_eq!(e.json["status"], "completed", "{}", e.json);
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "the replay's claim stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let copy = sc.send(&d).await;
+    assert!(copy.replayed(), "the copy was forwarded again");
+    assert_eq!(upstream.count(), 1);
+}
+
 #[tokio::test]
 async fn replay_needs_a_kept_request() {
     let redis = RedisServer::start_new();

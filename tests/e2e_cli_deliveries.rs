@@ -6,6 +6,7 @@ mod admin;
 mod common;
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use admin::*;
 use common::*;
@@ -129,6 +130,48 @@ async fn list_show_forget_and_replay_from_the_command_line() {
     let again = sc.send(&ok).await;
     assert!(!again.replayed());
     assert_eq!(upstream.count(), before + 2);
+}
+
+/// A replay whose CLI is killed while the application holds the request never settles:
+/// once its lease lapses the key is completed again with its old answer, and the
+/// provider's next copy is answered from the store, not forwarded a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_replay_leaves_the_completed_answer_standing() {
+    let redis = RedisServer::start_new();
+    let upstream = Upstream::start().await;
+    let sc = builder(&upstream, &redis).lease("2s").start().await;
+    let cli = Cli::new(&sc);
+    let ok = Delivery::fresh();
+    assert_eq!(sc.send(&ok).await.status, 200);
+    upstream.push_modes(vec![Mode::Hang]);
+    let mut replay = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["deliveries", "replay", ROUTE, &ok.id, "--config"])
+        .arg(cli.dir.path().join("idemgate.toml"))
+        .env_remove("IDEMGATE_STORE_URL")
+        .env("OPS_TOKEN", OPS_TOKEN)
+        .env("USER", "tester")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    upstream.wait_for_count(2, Duration::from_secs(10)).await;
+    replay.kill().unwrap();
+    replay.wait().unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while cli.json(&["show", ROUTE, &ok.id])["claimed"] == true {
+        assert!(
+            std::time::Instant::now() < end,
+            "the replay's claim never lapsed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let copy = sc.send(&ok).await;
+    assert_eq!(copy.status, 200);
+    assert!(copy.replayed(), "the copy was forwarded again");
+    upstream
+        .assert_count_stays(2, Duration::from_millis(300))
+        .await;
+    assert_eq!(cli.json(&["show", ROUTE, &ok.id])["status"], "completed");
 }
 
 #[tokio::test]

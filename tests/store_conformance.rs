@@ -277,6 +277,42 @@ async fn keys_with_braces_and_unicode_are_separate<S: Store>(s: S) {
     }
 }
 
+/// An upstream call that outlives `retention` (renewed all along): the record lives
+/// as long as the claim, so the completion keeps the payload fingerprint (copies get
+/// the answer, not a mismatch) and a release keeps a record that expires. `s` keeps
+/// deliveries for 300 ms with a 300 ms lease.
+async fn a_call_outliving_retention_keeps_its_record<S: Store>(s: S) {
+    for (name, completes) in [("evt_long_done", true), ("evt_long_released", false)] {
+        let k = key(name);
+        let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(s.renew(&k, t).await.unwrap());
+        }
+        let r = s
+            .inspect(&k)
+            .await
+            .unwrap()
+            .expect("the record of a live claim");
+        assert_eq!(r.fingerprint, hex::encode(fp("a")));
+        assert!(r.claimed);
+        assert!(matches!(
+            s.claim(&k, &fp("a")).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+        if completes {
+            assert!(s.complete(&k, t, &response(b"late")).await.unwrap());
+            assert_eq!(
+                s.claim(&k, &fp("a")).await.unwrap(),
+                Claim::Completed(response(b"late"))
+            );
+        } else {
+            assert!(s.release(&k, t).await.unwrap());
+            claimed(s.claim(&k, &fp("a")).await.unwrap());
+        }
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident => $lifetimes:expr),* $(,)?) => {
         mod memory {
@@ -336,6 +372,7 @@ conformance! {
     concurrent_claims_have_exactly_one_winner => LONG,
     retention_forgets_completed_keys => Lifetimes { lease: Duration::from_secs(30), retention: Duration::from_millis(400) },
     keys_with_braces_and_unicode_are_separate => LONG,
+    a_call_outliving_retention_keeps_its_record => Lifetimes { lease: Duration::from_millis(300), retention: Duration::from_millis(300) },
 }
 
 // ---- Redis-only properties -------------------------------------------------------
@@ -521,5 +558,78 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
     assert_eq!(
         acked.claim(&k, &fp("a")).await.unwrap(),
         Claim::Completed(response(b"ok"))
+    );
+}
+
+/// No script leaves a key without a TTL, and a completion whose status hash vanished
+/// (evicted, deleted by hand) still answers copies of the same payload: a call that
+/// outlives `retention` keeps its hash alive, and a hash that is gone anyway is not
+/// re-created without a TTL.
+#[tokio::test]
+async fn redis_no_script_leaves_a_key_without_a_ttl() {
+    let lifetimes = Lifetimes {
+        lease: Duration::from_millis(300),
+        retention: Duration::from_millis(300),
+    };
+    let server = RedisServer::start_new();
+    let s = RedisStore::new(&server.url(), "ttl", lifetimes, Duration::from_secs(1)).unwrap();
+    let pttl = |k: &DeliveryKey| -> i64 { server.cli(&["PTTL", &s.state_key(k)]).parse().unwrap() };
+    // Renewed past retention, then released: the hash lives and still expires.
+    let k = key("evt_ttl_release");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(s.renew(&k, t).await.unwrap());
+    }
+    assert!(pttl(&k) > 0, "the hash of a renewed claim: {}", pttl(&k));
+    assert!(s.release(&k, t).await.unwrap());
+    assert!(pttl(&k) > 0, "after the release: {}", pttl(&k));
+    // The hash is gone while the claim lives: the release leaves no key without TTL.
+    let k = key("evt_ttl_gone_release");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    server.cli(&["DEL", &s.state_key(&k)]);
+    assert!(s.release(&k, t).await.unwrap());
+    assert_ne!(pttl(&k), -1, "the release re-created a hash without a TTL");
+    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    // The same for a completion: it expires, and copies get its answer.
+    let k = key("evt_ttl_gone_complete");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    server.cli(&["DEL", &s.state_key(&k)]);
+    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert!(pttl(&k) > 0, "after the completion: {}", pttl(&k));
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"ok"))
+    );
+}
+
+// ---- Memory-only properties ------------------------------------------------------
+
+/// Durations that overflow the clock (`now + retention`) never panic under the memory
+/// store's lock, which would poison it and fail every later delivery.
+#[tokio::test]
+async fn memory_store_survives_durations_past_the_clock() {
+    let s = MemoryStore::new(Lifetimes {
+        lease: Duration::MAX,
+        retention: Duration::MAX,
+    });
+    let k = key("evt_huge");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(matches!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert!(s.renew(&k, t).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"ok"))
+    );
+    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    assert!(s.release(&k, op).await.unwrap());
+    s.ping().await.unwrap();
+    assert_eq!(
+        s.inspect(&k).await.unwrap().unwrap().status,
+        Status::Completed
     );
 }

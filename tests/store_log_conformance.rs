@@ -1,6 +1,8 @@
 //! The delivery log's store semantics (issue 8), written once and run against the
 //! Redis store on a private redis-server and the in-memory store: what claim, complete
-//! and release record, the operator's forced claim, forget, and the recent list.
+//! and release record, the operator's forced claim (and every way its claim can end),
+//! forget, the recent list, and the queue's transitions as claims see them. Every case
+//! is listed once in `both!` at the bottom, so the two stores cannot drift.
 
 mod common;
 
@@ -10,6 +12,9 @@ use bytes::Bytes;
 use common::RedisServer;
 use idemgate::deliveries::{Forgot, KeptRequest, ListQuery, LogSupport, Settled};
 use idemgate::providers::{Fingerprint, fingerprint_body};
+use idemgate::queue::QueueBackend;
+use idemgate::queue::memory::MemoryQueue;
+use idemgate::queue::redis::RedisQueue;
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
 };
@@ -290,26 +295,198 @@ const SHORT: Lifetimes = Lifetimes {
     retention: Duration::from_secs(2),
 };
 
-#[tokio::test]
-async fn a_reclaimed_delivery_stays_listed_while_it_lives_memory() {
-    a_reclaimed_delivery_stays_listed_while_it_lives(MemoryStore::new(SHORT)).await;
+/// Waits until no live claim holds `k` (its lease lapsed), or panics after 5 s.
+async fn until_unclaimed<S: Store>(s: &S, k: &DeliveryKey) {
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while s.log_entry(k).await.unwrap().is_some_and(|e| e.claimed) {
+        assert!(tokio::time::Instant::now() < end, "the claim never lapsed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
+/// A replayer that never settles (killed, its reply lost, its release failing): once
+/// its lease lapses the key is completed again with its old answer, for copies and
+/// for the log. `s` has a 300 ms lease.
+async fn a_replay_that_never_settles_leaves_the_old_answer<S: Store>(s: S) {
+    let k = key("evt_unsettled");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
+    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    until_unclaimed(&s, &k).await;
+    let e = s.log_entry(&k).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Completed, "the log after a lapsed replay");
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one")),
+        "a copy after a lapsed replay"
+    );
+    // The lapsed replayer can no longer record anything.
+    assert!(!s.complete(&k, op, &response(b"late")).await.unwrap());
+    assert!(!s.release(&k, op).await.unwrap());
+    // A second replay that lapses too: still the old answer.
+    claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    until_unclaimed(&s, &k).await;
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+    assert_eq!(
+        s.inspect(&k).await.unwrap().unwrap().status,
+        Status::Completed
+    );
+}
+
+/// Any release of a replay's claim of a completed key, the plain one (an
+/// under-replicated claim is given up with it) as the logged one without the restore
+/// flag, leaves the key completed with its old answer.
+async fn any_release_of_a_replay_keeps_the_old_answer<S: Store>(s: S) {
+    let k = key("evt_release_replay");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
+    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    assert!(s.release(&k, op).await.unwrap());
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    assert!(
+        s.release_logged(&k, op, &settled("operator_replay_failed", Some(500), false))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+    let e = s.log_entry(&k).await.unwrap().unwrap();
+    assert_eq!(e.status, Status::Completed);
+    assert_eq!(e.outcome.as_deref(), Some("operator_replay_failed"));
+    // A replay of a released key that fails leaves it released: the next copy is
+    // forwarded.
+    let r = key("evt_release_released");
+    let t = claimed(s.claim(&r, &fp("a")).await.unwrap());
+    assert!(s.release(&r, t).await.unwrap());
+    let op = claimed(s.claim_logged(&r, &fp("a"), None, true).await.unwrap());
+    assert!(s.release(&r, op).await.unwrap());
+    claimed(s.claim(&r, &fp("a")).await.unwrap());
+}
+
+/// An operator's forced claim only ever re-claims the delivery it read: a key that is
+/// gone or now holds another payload is `Mismatch` (the replay answers "changed").
+async fn a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch<S: Store>(s: S) {
+    assert_eq!(
+        s.claim_logged(&key("evt_gone"), &fp("a"), None, true)
+            .await
+            .unwrap(),
+        Claim::Mismatch
+    );
+    assert!(s.log_entry(&key("evt_gone")).await.unwrap().is_none());
+    let k = key("evt_changed");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
+    assert_eq!(
+        s.claim_logged(&k, &fp("b"), None, true).await.unwrap(),
+        Claim::Mismatch
+    );
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+}
+
+/// The queue's transitions seen by claims, on both stores: an operator's forced claim
+/// of a queued key answers `Queued` like a copy's, and a worker that locks a key whose
+/// record expired re-creates it without a payload fingerprint, so copies are
+/// acknowledged (never 422). `s` keeps deliveries for 300 ms.
+async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
+    let k = key("evt_queued");
+    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    assert!(q.mark_queued(&k, t).await.unwrap());
+    assert_eq!(
+        s.claim_logged(&k, &fp("a"), None, true).await.unwrap(),
+        Claim::Queued
+    );
+    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Queued);
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while s.inspect(&k).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the record never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let token = match q.lock(&k).await.unwrap() {
+        idemgate::queue::Lock::Claimed { token, .. } => token,
+        other => panic!("expected the worker's lock, got {other:?}"),
+    };
+    assert!(q.unlock(&k, token).await.unwrap());
+    assert_eq!(
+        s.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Queued,
+        "a copy of a queued delivery whose record expired"
+    );
+}
+
+const SHORT_LEASE: Lifetimes = Lifetimes {
+    lease: Duration::from_millis(300),
+    retention: Duration::from_secs(3600),
+};
+
+const SHORT_RETENTION: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_millis(300),
+};
+
+/// With `min_replicas_ack`, a replay's claim that no replica confirmed is given up in
+/// the background with the plain release: the key stays completed with its old answer
+/// (one redis-server, no replica: `WAIT` falls short).
 #[tokio::test]
-async fn a_reclaimed_delivery_stays_listed_while_it_lives_redis() {
+async fn an_under_replicated_replay_claim_keeps_the_old_answer() {
     let server = RedisServer::start_new();
-    let s = RedisStore::new(&server.url(), "log", SHORT, Duration::from_secs(1)).unwrap();
-    a_reclaimed_delivery_stays_listed_while_it_lives(s).await;
+    let plain = RedisStore::new(&server.url(), "log", LIFETIMES, Duration::from_secs(1)).unwrap();
+    let acked = plain
+        .clone()
+        .with_replica_acks(1, Duration::from_millis(50));
+    let k = key("evt_acked_replay");
+    let t = claimed(plain.claim(&k, &fp("a")).await.unwrap());
+    assert!(plain.complete(&k, t, &response(b"one")).await.unwrap());
+    let e = acked
+        .claim_logged(&k, &fp("a"), None, true)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
+    let lock = format!("{}:lock", plain.state_key(&k));
+    common::wait_until(Duration::from_secs(5), "the background release", || {
+        server.cli(&["EXISTS", &lock]) == "0"
+    })
+    .await;
+    assert_eq!(
+        plain.claim(&k, &fp("a")).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
 }
 
+/// Instantiates every case for both stores: `stores:` cases take the store, `queued:`
+/// cases the store and its queue; each with the lifetimes it names.
 macro_rules! both {
-    ($($case:ident),*) => {
+    (
+        stores: $($case:ident => $lifetimes:expr),* ;
+        queued: $($qcase:ident => $qlifetimes:expr),* $(,)?
+    ) => {
         mod memory {
             use super::*;
             $(
                 #[tokio::test]
                 async fn $case() {
-                    super::$case(MemoryStore::new(LIFETIMES)).await;
+                    super::$case(MemoryStore::new($lifetimes)).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $qcase() {
+                    let s = MemoryStore::new($qlifetimes);
+                    super::$qcase(s.clone(), MemoryQueue::new(s)).await;
                 }
             )*
         }
@@ -319,8 +496,16 @@ macro_rules! both {
                 #[tokio::test]
                 async fn $case() {
                     let server = RedisServer::start_new();
-                    let s = RedisStore::new(&server.url(), "log", LIFETIMES, Duration::from_secs(1)).unwrap();
+                    let s = RedisStore::new(&server.url(), "log", $lifetimes, Duration::from_secs(1)).unwrap();
                     super::$case(s).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $qcase() {
+                    let server = RedisServer::start_new();
+                    let s = RedisStore::new(&server.url(), "log", $qlifetimes, Duration::from_secs(1)).unwrap();
+                    super::$qcase(s.clone(), RedisQueue::new(s)).await;
                 }
             )*
         }
@@ -328,8 +513,15 @@ macro_rules! both {
 }
 
 both!(
-    claim_complete_release_are_recorded,
-    a_forced_claim_reclaims_completed_but_never_a_live_claim,
-    forget_frees_a_key_but_not_a_live_claim,
-    the_recent_list_pages_newest_first_and_filters
+    stores:
+    claim_complete_release_are_recorded => LIFETIMES,
+    a_forced_claim_reclaims_completed_but_never_a_live_claim => LIFETIMES,
+    forget_frees_a_key_but_not_a_live_claim => LIFETIMES,
+    the_recent_list_pages_newest_first_and_filters => LIFETIMES,
+    a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
+    a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,
+    any_release_of_a_replay_keeps_the_old_answer => LIFETIMES,
+    a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch => LIFETIMES;
+    queued:
+    queued_keys_answer_queued => SHORT_RETENTION,
 );

@@ -85,7 +85,8 @@ pub struct Settled {
     pub upstream_status: Option<u16>,
     pub latency_ms: u64,
     /// A failed operator replay of a completed key: put it back to `completed` (the
-    /// original answer stands) instead of releasing it.
+    /// original answer stands) instead of releasing it. The stores also do so by
+    /// themselves, for any release or lapse of such a replay's claim.
     pub restore_completed: bool,
 }
 
@@ -285,7 +286,9 @@ pub struct Replayed {
 /// first delivery (a forced re-claim when the key is completed), so it never runs
 /// beside a provider's copy — copies meanwhile get 409 — forwards the request with
 /// its lease renewed, and records the new answer (or, when the upstream fails,
-/// releases the key; a key that was completed goes back to its old answer).
+/// releases the key; a key that was completed goes back to its old answer, also when
+/// this replay never settles: the store keeps the old answer until a new one is
+/// recorded).
 pub async fn replay<S: Store>(
     store: &S,
     upstream: &Upstream,

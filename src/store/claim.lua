@@ -13,9 +13,22 @@
 -- reply conversion), and this script runs for every delivery and every copy: one
 -- HMGET reads all that any branch needs, one HSET writes all it changes
 -- (BENCHMARKS.md, "What holds the figures").
+--
+-- An operator's replay of a completed key keeps the old answer in the hash and sets
+-- `restore` = '1'. Until the replay records a new answer (complete.lua sets
+-- `completed`), a key in `processing` with that mark and no live lock is completed with
+-- its old answer: for the next copy here and for any release (release.lua), whether
+-- the replayer failed, died, lost its reply or had its claim given up.
 local forced = ARGV[8] == '1'
 local s = redis.call('HMGET', KEYS[1], 'status', 'fp', 'attempts', 'first_seen',
-  'duplicates', 'replays', 'resp_status', 'resp_headers', 'resp_body')
+  'duplicates', 'replays', 'resp_status', 'resp_headers', 'resp_body', 'restore')
+local status = s[1]
+-- A replay of a completed key whose claim lapsed without settling (see above).
+local lapsed = status == 'processing' and s[10] == '1' and s[7]
+  and redis.call('EXISTS', KEYS[2]) == 0
+if lapsed then
+  status = 'completed'
+end
 -- The recent index, scored by the last claim or copy. Trimmed when a member is added
 -- (nothing else grows it). Its lifetime is renewed whenever a member is added and
 -- whenever the claim gives the hash a new lifetime (`renews`), to retention + lease:
@@ -35,23 +48,36 @@ local function log_recent(renews)
   end
 end
 local function copy_seen()
-  redis.call('HSET', KEYS[1], 'duplicates', (tonumber(s[5]) or 0) + 1, 'last_seen', ARGV[4])
+  local f = {'duplicates', (tonumber(s[5]) or 0) + 1, 'last_seen', ARGV[4]}
+  if lapsed then
+    f[5] = 'status'
+    f[6] = 'completed'
+  end
+  redis.call('HSET', KEYS[1], unpack(f))
   log_recent(false)
 end
-if s[1] == 'completed' and not forced then
-  if s[2] ~= ARGV[3] then
+-- A completed key without a fingerprint (its hash was lost during the upstream call
+-- and re-created by the completion) answers every copy: never forwarded twice.
+if status == 'completed' and not forced then
+  if s[2] and s[2] ~= ARGV[3] then
     return {'mismatch'}
   end
   copy_seen()
   return {'completed', s[7], s[8], s[9]}
 end
--- An async route's delivery in its queue (or in delivery): copies get the ack again.
-if s[1] == 'queued' then
+-- An async route's delivery in its queue (or in delivery): copies get the ack again,
+-- and so does an operator's replay (the queue's worker delivers it).
+if status == 'queued' then
   if s[2] and s[2] ~= ARGV[3] then
     return {'mismatch'}
   end
   copy_seen()
   return {'queued'}
+end
+-- An operator's replay re-claims only the delivery it read: a key that is gone, or
+-- now holds another payload, is a mismatch.
+if forced and s[2] ~= ARGV[3] then
+  return {'mismatch'}
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local f = {'status', 'processing', 'fp', ARGV[3], 'last_seen', ARGV[4],
@@ -63,11 +89,15 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
     end
   end
   if forced then
-    f[#f + 1] = 'replays'
-    f[#f + 1] = (tonumber(s[6]) or 0) + 1
+    for _, v in ipairs({'replays', (tonumber(s[6]) or 0) + 1,
+        'restore', status == 'completed' and '1' or '0'}) do
+      f[#f + 1] = v
+    end
   end
   redis.call('HSET', KEYS[1], unpack(f))
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  -- The hash outlives the lock (renew.lua keeps it so): a completion or release
+  -- never finds it gone.
+  redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
   log_recent(true)
   return {'claimed'}
 end

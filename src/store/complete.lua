@@ -6,6 +6,9 @@
 -- ARGV[9] latency ms. The recent index is not touched: the claim put the delivery
 -- there, and its score (the claim's time) orders it well enough for "newest first";
 -- three fewer calls on every first delivery (BENCHMARKS.md, "What holds the figures").
+-- The status hash outlives the lock (claim.lua, renew.lua). One gone anyway (evicted)
+-- is re-created here with the answer and a TTL but no fingerprint; claim.lua answers
+-- every copy of such a key with its answer.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end

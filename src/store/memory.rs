@@ -16,7 +16,9 @@ mod log;
 
 struct Entry {
     status: Status,
-    fp: Fingerprint,
+    /// None when a queue worker re-created an expired entry (as Redis re-creates the
+    /// hash without `fp`): copies are then acknowledged, never refused.
+    fp: Option<Fingerprint>,
     /// The current claim: its owner and when its lease lapses.
     owner: Option<(Token, Instant)>,
     response: Option<StoredResponse>,
@@ -28,12 +30,76 @@ struct Entry {
     expires_at: Instant,
     /// The delivery log's extra fields (issue 8).
     log: log::Extra,
+    /// An operator's replay of a completed key holds (or held) the claim: unless it
+    /// records a new answer, the key stays completed with its old one (`restore` in
+    /// claim.lua).
+    restore: bool,
 }
 
 impl Entry {
+    fn fresh(fp: Option<Fingerprint>, status: Status, ms: u64, expires_at: Instant) -> Entry {
+        Entry {
+            status,
+            fp,
+            owner: None,
+            response: None,
+            attempts: 0,
+            duplicates: 0,
+            first_seen: ms,
+            last_seen: ms,
+            expires_at,
+            log: log::Extra::default(),
+            restore: false,
+        }
+    }
+
     fn live_owner(&self, now: Instant) -> Option<(Token, Instant)> {
         self.owner.filter(|(_, until)| *until > now)
     }
+
+    fn live(&self, now: Instant) -> bool {
+        self.expires_at > now || self.live_owner(now).is_some()
+    }
+
+    /// The status as the Redis scripts see it: a replay of a completed key whose
+    /// claim lapsed without settling is completed with its old answer.
+    fn status_at(&self, now: Instant) -> Status {
+        if self.status == Status::Processing
+            && self.restore
+            && self.response.is_some()
+            && self.live_owner(now).is_none()
+        {
+            Status::Completed
+        } else {
+            self.status
+        }
+    }
+
+    /// Whether `fp` differs from the entry's fingerprint (none known: no mismatch).
+    fn differs(&self, fp: &Fingerprint) -> bool {
+        self.fp.is_some_and(|f| f != *fp)
+    }
+
+    /// Gives the claim up: `released`, or back to `completed` for a replay of a
+    /// completed key (or when the caller asks so).
+    fn give_up(&mut self, restore: bool) {
+        self.status = if (self.restore || restore) && self.response.is_some() {
+            Status::Completed
+        } else {
+            Status::Released
+        };
+        self.owner = None;
+        self.last_seen = unix_millis();
+    }
+}
+
+/// `now + d`, capped at a century: a huge duration never panics under the store's
+/// lock (which would poison it for every later call).
+pub(super) fn later(now: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d)
+        .or_else(|| now.checked_add(CENTURY))
+        .unwrap_or(now)
 }
 
 #[derive(Default)]
@@ -106,72 +172,82 @@ impl MemoryStore {
             _ => false,
         })
     }
+
+    /// A provider's claim (with the request to keep, if any), inside the lock.
+    fn claim_in(
+        &self,
+        map: &mut HashMap<DeliveryKey, Entry>,
+        now: Instant,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        kept: Option<&crate::deliveries::KeptRequest>,
+    ) -> Claim {
+        let Lifetimes { lease, retention } = self.lifetimes;
+        let ms = unix_millis();
+        if map.get(key).is_some_and(|e| !e.live(now)) {
+            map.remove(key);
+        }
+        let entry = map.entry(key.clone()).or_insert_with(|| {
+            Entry::fresh(Some(*fp), Status::Released, ms, later(now, retention))
+        });
+        let status = entry.status_at(now);
+        if status == Status::Completed {
+            if entry.differs(fp) {
+                return Claim::Mismatch;
+            }
+            entry.status = status;
+            entry.duplicates += 1;
+            entry.last_seen = ms;
+            return match &entry.response {
+                Some(r) => Claim::Completed(r.clone()),
+                None => Claim::Mismatch,
+            };
+        }
+        if status == Status::Queued {
+            if entry.differs(fp) {
+                return Claim::Mismatch;
+            }
+            entry.duplicates += 1;
+            entry.last_seen = ms;
+            return Claim::Queued;
+        }
+        match entry.live_owner(now) {
+            None => {
+                let token = Token::random();
+                entry.status = Status::Processing;
+                entry.fp = Some(*fp);
+                entry.owner = Some((token, later(now, lease)));
+                entry.attempts += 1;
+                entry.last_seen = ms;
+                entry.restore = false;
+                // The record outlives the claim (claim.lua).
+                entry.expires_at = later(now, retention.max(lease));
+                if let Some(k) = kept {
+                    entry.log.request = Some(k.clone());
+                }
+                Claim::Claimed(token)
+            }
+            Some(_) if entry.differs(fp) => Claim::Mismatch,
+            Some((_, until)) => Claim::InFlight {
+                remaining: until.saturating_duration_since(now),
+            },
+        }
+    }
 }
 
 impl Store for MemoryStore {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
-        let Lifetimes { lease, retention } = self.lifetimes;
-        self.with_entries(|map, now| {
-            let ms = unix_millis();
-            if map
-                .get(key)
-                .is_some_and(|e| e.expires_at <= now && e.live_owner(now).is_none())
-            {
-                map.remove(key);
-            }
-            let token = Token::random();
-            let entry = map.entry(key.clone()).or_insert_with(|| Entry {
-                status: Status::Released,
-                fp: *fp,
-                owner: None,
-                response: None,
-                attempts: 0,
-                duplicates: 0,
-                first_seen: ms,
-                last_seen: ms,
-                expires_at: now + retention,
-                log: log::Extra::default(),
-            });
-            if entry.status == Status::Completed {
-                if entry.fp != *fp {
-                    return Claim::Mismatch;
-                }
-                entry.duplicates += 1;
-                entry.last_seen = ms;
-                return match &entry.response {
-                    Some(r) => Claim::Completed(r.clone()),
-                    None => Claim::Mismatch,
-                };
-            }
-            if entry.status == Status::Queued {
-                if entry.fp != *fp {
-                    return Claim::Mismatch;
-                }
-                entry.duplicates += 1;
-                entry.last_seen = ms;
-                return Claim::Queued;
-            }
-            match entry.live_owner(now) {
-                None => {
-                    entry.status = Status::Processing;
-                    entry.fp = *fp;
-                    entry.owner = Some((token, now + lease));
-                    entry.attempts += 1;
-                    entry.last_seen = ms;
-                    entry.expires_at = now + retention;
-                    Claim::Claimed(token)
-                }
-                Some(_) if entry.fp != *fp => Claim::Mismatch,
-                Some((_, until)) => Claim::InFlight {
-                    remaining: until - now,
-                },
-            }
-        })
+        self.with_entries(|map, now| self.claim_in(map, now, key, fp, None))
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         let lease = self.lifetimes.lease;
-        self.owned(key, token, |e, now| e.owner = Some((token, now + lease)))
+        self.owned(key, token, |e, now| {
+            let until = later(now, lease);
+            e.owner = Some((token, until));
+            // The record lives at least as long as the claim (renew.lua).
+            e.expires_at = e.expires_at.max(until);
+        })
     }
 
     async fn complete(
@@ -186,32 +262,26 @@ impl Store for MemoryStore {
             e.owner = None;
             e.response = Some(response.clone());
             e.last_seen = unix_millis();
-            e.expires_at = now + retention;
+            e.expires_at = later(now, retention);
         })
     }
 
     async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| {
-            e.status = Status::Released;
-            e.owner = None;
-            e.last_seen = unix_millis();
-        })
+        self.owned(key, token, |e, _| e.give_up(false))
     }
 
     async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
         self.with_entries(|map, now| {
-            map.get(key)
-                .filter(|e| e.expires_at > now || e.live_owner(now).is_some())
-                .map(|e| Record {
-                    status: e.status,
-                    fingerprint: hex::encode(e.fp),
-                    attempts: e.attempts,
-                    duplicates: e.duplicates,
-                    first_seen: e.first_seen,
-                    last_seen: e.last_seen,
-                    response_status: e.response.as_ref().map(|r| r.status),
-                    claimed: e.live_owner(now).is_some(),
-                })
+            map.get(key).filter(|e| e.live(now)).map(|e| Record {
+                status: e.status_at(now),
+                fingerprint: e.fp.map(hex::encode).unwrap_or_default(),
+                attempts: e.attempts,
+                duplicates: e.duplicates,
+                first_seen: e.first_seen,
+                last_seen: e.last_seen,
+                response_status: e.response.as_ref().map(|r| r.status),
+                claimed: e.live_owner(now).is_some(),
+            })
         })
     }
 
@@ -288,9 +358,12 @@ impl MemoryStore {
     /// Turns the owner's claim into `queued` (the delivery is in the queue) and frees
     /// the claim for the worker.
     pub(crate) fn mark_queued(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| {
+        let retention = self.lifetimes.retention;
+        self.owned(key, token, |e, now| {
             e.status = Status::Queued;
             e.owner = None;
+            e.last_seen = unix_millis();
+            e.expires_at = later(now, retention);
         })
     }
 
@@ -299,18 +372,14 @@ impl MemoryStore {
         let Lifetimes { lease, retention } = self.lifetimes;
         self.with_entries(|map, now| {
             let ms = unix_millis();
-            let entry = map.entry(key.clone()).or_insert_with(|| Entry {
-                status: Status::Queued,
-                fp: Default::default(),
-                owner: None,
-                response: None,
-                attempts: 0,
-                duplicates: 0,
-                first_seen: ms,
-                last_seen: ms,
-                expires_at: now + retention,
-                log: log::Extra::default(),
-            });
+            if map.get(key).is_some_and(|e| !e.live(now)) {
+                map.remove(key);
+            }
+            // An expired record comes back without a fingerprint, as deliver_lock.lua
+            // re-creates the hash: copies are acknowledged, not refused.
+            let entry = map
+                .entry(key.clone())
+                .or_insert_with(|| Entry::fresh(None, Status::Queued, ms, now));
             if entry.status == Status::Completed {
                 return DeliveryLock::Completed;
             }
@@ -319,7 +388,9 @@ impl MemoryStore {
             }
             let token = Token::random();
             entry.status = Status::Queued;
-            entry.owner = Some((token, now + lease));
+            entry.owner = Some((token, later(now, lease)));
+            entry.last_seen = ms;
+            entry.expires_at = later(now, retention);
             DeliveryLock::Claimed(token)
         })
     }

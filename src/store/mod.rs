@@ -7,7 +7,9 @@
 //! States of a key: absent → `processing` (claimed, lease running) → `completed`
 //! (answer stored for `retention`) or `released` (the claimer gave up; the next copy
 //! claims again). A claim is owned by a random per-attempt token; renew, complete and
-//! release succeed only for the current owner (fencing).
+//! release succeed only for the current owner (fencing). An operator's replay re-claims
+//! a `completed` key but keeps its answer: unless the replay records a new one, the
+//! key is `completed` again once the replay's claim is released or lapses.
 
 pub mod breaker;
 pub mod connection;

@@ -120,6 +120,8 @@ impl RedisStore {
     /// claim). A claim that too few replicas confirmed is not safe to forward — a
     /// failover now could hand the key to a copy — so it is given up in the background
     /// (the provider's retry is then forwarded) and reported as a store error (503).
+    /// An operator's replay of a completed key given up so goes back to `completed`
+    /// with its old answer: release.lua decides that from the hash, not the caller.
     pub(crate) fn finish_claim(
         &self,
         key: &DeliveryKey,
@@ -315,6 +317,16 @@ pub(crate) fn int_of(v: &Value) -> Option<i64> {
     }
 }
 
+/// A key's status as the scripts see it: an operator's replay of a completed key whose
+/// claim lapsed without settling (`restore` set, an answer kept, no lock) is completed
+/// with its old answer (see claim.lua).
+pub(crate) fn status_of(raw: Option<&str>, restores: bool, locked: bool) -> Option<Status> {
+    match Status::parse(raw?)? {
+        Status::Processing if restores && !locked => Some(Status::Completed),
+        s => Some(s),
+    }
+}
+
 fn bad_reply(what: &str) -> StoreError {
     StoreError::Unavailable(format!("unexpected reply to {what}"))
 }
@@ -370,8 +382,8 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        let (_, lock) = self.keys(key);
-        let call = Call::new(&self.scripts.renew, &[&lock])
+        let (state, lock) = self.keys(key);
+        let call = Call::new(&self.scripts.renew, &[&lock, &state])
             .arg(token.to_hex())
             .arg(ms(self.lifetimes.lease));
         let (reply, _) = self.eval(&call, false).await?;
@@ -423,13 +435,18 @@ impl Store for RedisStore {
                 "first_seen",
                 "last_seen",
                 "resp_status",
+                "restore",
             ])
             .cmd("EXISTS")
             .arg(&lock);
         let (fields, locked): (Vec<Option<String>>, i64) =
             self.bounded(pipe.query_async(&mut conn)).await?;
         let get = |i: usize| fields.get(i).cloned().flatten();
-        let Some(status) = get(0).as_deref().and_then(Status::parse) else {
+        let Some(status) = status_of(
+            get(0).as_deref(),
+            get(7).as_deref() == Some("1") && get(6).is_some(),
+            locked == 1,
+        ) else {
             return Ok(None);
         };
         let num = |i: usize| get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);

@@ -3,11 +3,13 @@
 //! (one replica's deliveries only). Listing scans the map: fine for the single,
 //! local process this store is for.
 
-use super::{Entry, MemoryStore};
+use super::{Entry, MemoryStore, later};
+use std::time::Instant;
+
 use crate::deliveries::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
 use crate::providers::Fingerprint;
 use crate::store::{
-    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
+    Claim, DeliveryKey, Lifetimes, Status, StoreError, StoredResponse, Token, unix_millis,
 };
 
 /// What the log adds to an entry.
@@ -17,16 +19,17 @@ pub(super) struct Extra {
     upstream_status: Option<u16>,
     latency_ms: Option<u64>,
     replays: u64,
-    request: Option<KeptRequest>,
+    pub(super) request: Option<KeptRequest>,
 }
 
-fn entry_of(key: &DeliveryKey, e: &Entry, claimed: bool, with_request: bool) -> LogEntry {
+fn entry_of(key: &DeliveryKey, e: &Entry, now: Instant, with_request: bool) -> LogEntry {
+    let claimed = e.live_owner(now).is_some();
     LogEntry {
         route: key.route.to_string(),
         key: key.key.clone(),
-        status: e.status,
+        status: e.status_at(now),
         claimed,
-        fingerprint: hex::encode(e.fp),
+        fingerprint: e.fp.map(hex::encode).unwrap_or_default(),
         attempts: e.attempts,
         duplicates: e.duplicates,
         replays: e.log.replays,
@@ -46,8 +49,11 @@ fn entry_of(key: &DeliveryKey, e: &Entry, claimed: bool, with_request: bool) -> 
 }
 
 impl MemoryStore {
-    /// A provider's claim is `claim` itself (plus the kept request); an operator's
-    /// forced claim re-claims a completed key, still only when no live claim holds it.
+    /// A provider's claim is `claim` itself (plus the kept request, in the same lock
+    /// section); an operator's forced claim re-claims the delivery it read, with the
+    /// same answers as claim.lua: gone or another payload → `Mismatch`, queued →
+    /// `Queued`, a live claim → `InFlight`. Over a completed key it keeps the old
+    /// answer to go back to (`restore`).
     pub(super) async fn claim_with_log(
         &self,
         key: &DeliveryKey,
@@ -56,53 +62,52 @@ impl MemoryStore {
         force: bool,
     ) -> Result<Claim, StoreError> {
         if !force {
-            let claim = self.claim(key, fp).await?;
-            if let (Claim::Claimed(token), Some(k)) = (&claim, kept) {
-                self.owned(key, *token, |e, _| e.log.request = Some(k.clone()))?;
-            }
-            return Ok(claim);
+            return self.with_entries(|map, now| self.claim_in(map, now, key, fp, kept));
         }
         let Lifetimes { lease, retention } = self.lifetimes;
         self.with_entries(|map, now| {
-            let Some(entry) = map
-                .get_mut(key)
-                .filter(|e| e.expires_at > now || e.live_owner(now).is_some())
-            else {
+            let Some(entry) = map.get_mut(key).filter(|e| e.live(now)) else {
                 return Claim::Mismatch;
             };
+            let status = entry.status_at(now);
+            if status == Status::Queued {
+                if entry.differs(fp) {
+                    return Claim::Mismatch;
+                }
+                entry.duplicates += 1;
+                entry.last_seen = unix_millis();
+                return Claim::Queued;
+            }
+            if entry.fp != Some(*fp) {
+                return Claim::Mismatch;
+            }
             match entry.live_owner(now) {
-                None if entry.fp == *fp => {
+                None => {
                     let token = Token::random();
+                    entry.restore = status == Status::Completed;
                     entry.status = Status::Processing;
-                    entry.owner = Some((token, now + lease));
+                    entry.owner = Some((token, later(now, lease)));
                     entry.attempts += 1;
                     entry.log.replays += 1;
                     entry.last_seen = unix_millis();
-                    entry.expires_at = now + retention;
+                    entry.expires_at = later(now, retention.max(lease));
                     Claim::Claimed(token)
                 }
-                None => Claim::Mismatch,
                 Some((_, until)) => Claim::InFlight {
-                    remaining: until - now,
+                    remaining: until.saturating_duration_since(now),
                 },
             }
         })
     }
 
-    fn note(&self, key: &DeliveryKey, settled: &Settled) -> Result<(), StoreError> {
-        self.with_entries(|map, _| {
-            if let Some(e) = map.get_mut(key) {
-                e.log.outcome = Some(settled.outcome.to_string());
-                e.log.upstream_status = settled.upstream_status;
-                e.log.latency_ms = Some(settled.latency_ms);
-                if settled.restore_completed && e.status == Status::Released && e.response.is_some()
-                {
-                    e.status = Status::Completed;
-                }
-            }
-        })
+    /// Records how the upstream call went (the log's fields).
+    fn note(e: &mut Entry, settled: &Settled) {
+        e.log.outcome = Some(settled.outcome.to_string());
+        e.log.upstream_status = settled.upstream_status;
+        e.log.latency_ms = Some(settled.latency_ms);
     }
 
+    /// `complete` and the log's fields, in one lock section.
     pub(super) async fn complete_with_log(
         &self,
         key: &DeliveryKey,
@@ -110,47 +115,44 @@ impl MemoryStore {
         response: &StoredResponse,
         settled: &Settled,
     ) -> Result<bool, StoreError> {
-        let owned = self.complete(key, token, response).await?;
-        if owned {
-            self.note(key, settled)?;
-        }
-        Ok(owned)
+        let retention = self.lifetimes.retention;
+        self.owned(key, token, |e, now| {
+            e.status = Status::Completed;
+            e.owner = None;
+            e.response = Some(response.clone());
+            e.last_seen = unix_millis();
+            e.expires_at = later(now, retention);
+            Self::note(e, settled);
+        })
     }
 
+    /// `release` (or the way back to `completed` of a replay) and the log's fields, in
+    /// one lock section: no copy can claim in between.
     pub(super) async fn release_with_log(
         &self,
         key: &DeliveryKey,
         token: Token,
         settled: &Settled,
     ) -> Result<bool, StoreError> {
-        let owned = self.release(key, token).await?;
-        if owned {
-            self.note(key, settled)?;
-        }
-        Ok(owned)
+        self.owned(key, token, |e, _| {
+            e.give_up(settled.restore_completed);
+            Self::note(e, settled);
+        })
     }
 
     pub(super) fn read_log_entry(&self, key: &DeliveryKey) -> Result<Option<LogEntry>, StoreError> {
         self.with_entries(|map, now| {
             map.get(key)
-                .filter(|e| e.expires_at > now || e.live_owner(now).is_some())
-                .map(|e| entry_of(key, e, e.live_owner(now).is_some(), true))
+                .filter(|e| e.live(now))
+                .map(|e| entry_of(key, e, now, true))
         })
     }
 
     pub(super) fn read_recent(&self, q: &ListQuery) -> Result<Page, StoreError> {
         let all = self.with_entries(|map, now| {
             map.iter()
-                .filter(|(k, e)| {
-                    (e.expires_at > now || e.live_owner(now).is_some())
-                        && q.routes.iter().any(|r| **r == *k.route)
-                })
-                .map(|(k, e)| {
-                    (
-                        e.last_seen,
-                        entry_of(k, e, e.live_owner(now).is_some(), false),
-                    )
-                })
+                .filter(|(k, e)| e.live(now) && q.routes.iter().any(|r| **r == *k.route))
+                .map(|(k, e)| (e.last_seen, entry_of(k, e, now, false)))
                 .filter(|(score, e)| {
                     q.matches(e)
                         && q.cursor

@@ -19,15 +19,15 @@
 use redis::Value;
 
 use super::super::connection::Connection;
-use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms};
+use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, status_of};
 use crate::deliveries::{
     Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
 use crate::providers::Fingerprint;
-use crate::store::{Claim, DeliveryKey, Status, StoreError, StoredResponse, Token, unix_millis};
+use crate::store::{Claim, DeliveryKey, StoreError, StoredResponse, Token, unix_millis};
 
 /// The hash fields a listing reads, in order.
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 13] = [
     "status",
     "fp",
     "attempts",
@@ -40,6 +40,7 @@ const FIELDS: [&str; 12] = [
     "latency_ms",
     "replays",
     "req_method",
+    "restore",
 ];
 
 /// How many index entries one listing reads per round trip.
@@ -60,7 +61,8 @@ fn num(f: &Fields, i: usize) -> Option<u64> {
 }
 
 fn entry_of(route: &str, key: &str, f: &Fields, claimed: bool) -> Option<LogEntry> {
-    let status = text(f, 0).as_deref().and_then(Status::parse)?;
+    let restores = text(f, 12).as_deref() == Some("1") && text(f, 6).is_some();
+    let status = status_of(text(f, 0).as_deref(), restores, claimed)?;
     Some(LogEntry {
         route: route.to_string(),
         key: key.to_string(),
@@ -197,7 +199,10 @@ impl RedisStore {
             .arg(key.key.as_str())
             .arg(RECENT_PER_ROUTE)
             // The index's lifetime, as the claim script sets it (see claim.lua).
-            .arg(ms(self.lifetimes.retention + self.lifetimes.lease));
+            .arg(ms(self
+                .lifetimes
+                .retention
+                .saturating_add(self.lifetimes.lease)));
         let (reply, _) = self.eval(&call, false).await?;
         Ok(int_of(&reply) == Some(1))
     }
