@@ -465,3 +465,32 @@ async fn async_routes_work_on_a_redis_cluster() {
     let completed = scs[0].metric(&series).await + scs[1].metric(&series).await;
     assert_eq!(completed, 30.0);
 }
+
+/// A worker whose completion was not recorded (its claim on the key was lost while
+/// the upstream call ran) leaves the entry pending instead of acknowledging it: the
+/// entry is taken over and delivered again, and the key ends `completed`, not
+/// `queued` with no entry behind it.
+#[tokio::test]
+async fn an_entry_whose_completion_was_not_recorded_is_not_acknowledged() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Stall(Duration::from_secs(2))]);
+    let sc = sidecar(
+        &up.url(),
+        &redis,
+        "backoff = \"100ms\"\n",
+        "claim_idle = \"1s\"\n",
+    )
+    .start()
+    .await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    up.wait_for_count(1, 10 * SEC).await;
+    // While the call runs, someone else holds the key's claim: the worker's
+    // completion is refused (not the owner).
+    let lock = format!("{PREFIX}:{{{ROUTE}:{}}}:lock", d.id);
+    redis.cli(&["SET", &lock, "someone-else", "PX", "3000"]);
+    wait_status(&redis, &d.id, "completed", 20 * SEC).await;
+    wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
+    assert_eq!(up.count(), 2, "the unrecorded delivery is forwarded again");
+}

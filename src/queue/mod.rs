@@ -720,7 +720,10 @@ impl AsyncMode {
                         }
                     }
                     if !recorded {
-                        tracing::warn!(route, key = %key.key, "the delivery's claim was lost before completion was recorded");
+                        // Not acknowledged: left pending, taken over after claim_idle
+                        // and found completed, or delivered again (at least once).
+                        tracing::warn!(route, key = %key.key, "completion not recorded (claim lost or store failing); the entry stays pending");
+                        return;
                     }
                     self.finish(route, id).await;
                     tracing::info!(route, key = %key.key, attempt, status = stored.status, duration_ms = took.as_secs_f64() * 1000.0, "queued delivery completed");
@@ -830,8 +833,16 @@ impl AsyncMode {
                 return;
             }
         }
-        if let Err(e) = self.backend.release(key, token).await {
-            tracing::warn!(route, key = %key.key, error = %e, "release failed; the key frees at lease expiry");
+        // Retried: a key left `queued` with its entry in the dead letters acknowledges
+        // the provider's copies without queueing them (until a redrive).
+        for _ in 0..3 {
+            match self.backend.release(key, token).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(route, key = %key.key, error = %e, "releasing a dead-lettered key failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
     }
 }
