@@ -494,3 +494,28 @@ async fn an_entry_whose_completion_was_not_recorded_is_not_acknowledged() {
     wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
     assert_eq!(up.count(), 2, "the unrecorded delivery is forwarded again");
 }
+
+/// A dead letter older than `max_age` is delivered when redriven: its age counts from
+/// the redrive, so the worker forwards it instead of burying it again at once.
+#[tokio::test]
+async fn a_dead_letter_older_than_max_age_is_delivered_when_redriven() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Status(500));
+    let route = "max_attempts = 2\nbackoff = \"50ms\"\nmax_age = \"1s\"\n";
+    let sc = sidecar(&up.url(), &redis, route, "").start().await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    wait_until(10 * SEC, "dead-lettered", || dlq_len(&redis) == 1).await;
+    assert_eq!(up.count(), 2);
+    // Let the dead letter grow older than max_age, then redrive it.
+    tokio::time::sleep(1200 * Duration::from_millis(1)).await;
+    up.set_mode(Mode::default_ok());
+    let q = queue_client(&redis);
+    let page = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(q.redrive(ROUTE, &page.items[0].id).await.unwrap());
+    wait_status(&redis, &d.id, "completed", 10 * SEC).await;
+    assert_eq!(up.count(), 3);
+    assert_eq!(dlq_len(&redis), 0);
+    wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
+}

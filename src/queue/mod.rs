@@ -151,7 +151,13 @@ pub trait QueueBackend: Send + Sync + 'static {
         max_queue: u64,
     ) -> StoreFuture<'a, Option<String>>;
     /// The claim → `queued` transition (owner only); frees the claim for the worker.
-    fn mark_queued<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
+    /// The status lives at least `keep_for` (the route's `max_age`) or `retention`.
+    fn mark_queued<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, bool>;
     /// Gives a claim up (owner only): the key is `released`.
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
     /// Creates the consumer group (and the stream) if missing.
@@ -179,8 +185,14 @@ pub trait QueueBackend: Send + Sync + 'static {
         consumer: &'a str,
         ids: &'a [String],
     ) -> StoreFuture<'a, ()>;
-    /// Takes the key's claim for one delivery attempt (see `Lock`).
-    fn lock<'a>(&'a self, key: &'a DeliveryKey) -> StoreFuture<'a, Lock>;
+    /// Takes the key's claim for one attempt at entry `id` (see `Lock`); attempts are
+    /// counted per entry, and the status lives at least `keep_for` or `retention`.
+    fn lock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        id: &'a str,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, Lock>;
     /// Extends the attempt's claim while the upstream call runs.
     fn renew<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
     /// Gives a failed attempt's claim up; the key stays `queued`.
@@ -428,7 +440,11 @@ impl AsyncMode {
         // The entry is durable: acknowledge whatever happens next. Should the `queued`
         // mark fail, copies get 409 until the lease lapses, then a copy queues a second
         // entry, which the worker only acknowledges (its key completed).
-        if let Err(e) = self.backend.mark_queued(key, token).await {
+        if let Err(e) = self
+            .backend
+            .mark_queued(key, token, state.cfg.max_age)
+            .await
+        {
             tracing::warn!(route = &*key.route, key = %key.key, error = %e, "marking the key queued failed; the claim frees at lease expiry");
         }
         (Outcome::Queued, ack_answer(&state.cfg))
@@ -655,7 +671,7 @@ impl AsyncMode {
             if self.stop.is_cancelled() {
                 return; // left pending: taken over by another consumer
             }
-            let (token, attempt) = match self.backend.lock(&key).await {
+            let (token, attempt) = match self.backend.lock(&key, id, cfg.max_age).await {
                 Ok(Lock::Claimed { token, attempt }) => (token, attempt),
                 Ok(Lock::Completed) => {
                     self.finish(route, id).await;

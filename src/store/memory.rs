@@ -286,17 +286,29 @@ pub(crate) enum DeliveryLock {
 /// in `crate::queue::redis`.
 impl MemoryStore {
     /// Turns the owner's claim into `queued` (the delivery is in the queue) and frees
-    /// the claim for the worker.
-    pub(crate) fn mark_queued(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| {
+    /// the claim for the worker; the entry lives the longer of retention and `keep_for`.
+    pub(crate) fn mark_queued(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        let keep = self.lifetimes.retention.max(keep_for);
+        self.owned(key, token, |e, now| {
             e.status = Status::Queued;
             e.owner = None;
+            e.expires_at = now.checked_add(keep).unwrap_or(e.expires_at);
         })
     }
 
     /// Claims a queued key for one delivery attempt (fenced like a provider's claim).
-    pub(crate) fn lock_for_delivery(&self, key: &DeliveryKey) -> Result<DeliveryLock, StoreError> {
+    pub(crate) fn lock_for_delivery(
+        &self,
+        key: &DeliveryKey,
+        keep_for: Duration,
+    ) -> Result<DeliveryLock, StoreError> {
         let Lifetimes { lease, retention } = self.lifetimes;
+        let keep = retention.max(keep_for);
         self.with_entries(|map, now| {
             let ms = unix_millis();
             let entry = map.entry(key.clone()).or_insert_with(|| Entry {
@@ -320,6 +332,7 @@ impl MemoryStore {
             let token = Token::random();
             entry.status = Status::Queued;
             entry.owner = Some((token, now + lease));
+            entry.expires_at = now.checked_add(keep).unwrap_or(entry.expires_at);
             DeliveryLock::Claimed(token)
         })
     }
@@ -327,16 +340,5 @@ impl MemoryStore {
     /// Gives a failed attempt's claim up; the key stays `queued` for the next attempt.
     pub(crate) fn unlock(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         self.owned(key, token, |e, _| e.owner = None)
-    }
-
-    /// Puts a key that is not completed back to `queued` (a redriven dead letter).
-    pub(crate) fn reset_queued(&self, key: &DeliveryKey) -> Result<(), StoreError> {
-        self.with_entries(|map, _| {
-            if let Some(e) = map.get_mut(key)
-                && e.status != Status::Completed
-            {
-                e.status = Status::Queued;
-            }
-        })
     }
 }
