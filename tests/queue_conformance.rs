@@ -257,6 +257,31 @@ async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S:
     ));
 }
 
+/// The moment a redriven entry is in the queue, a worker locking it starts at attempt
+/// 1, before anything touched its key (which a redrive cannot do atomically on a
+/// cluster: the key lives in another slot).
+async fn a_new_entry_of_a_key_starts_at_attempt_one<Q: QueueBackend, S: Store>(f: Fixture<Q, S>) {
+    let k = DeliveryKey::new(ROUTE, "k1");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    let first = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap()).remove(0);
+    for n in 1..=3 {
+        let Lock::Claimed { token, attempt } = q.lock(&k, &first, DAY).await.unwrap() else {
+            panic!("lock {n}")
+        };
+        assert_eq!(attempt, n);
+        assert!(q.unlock(&k, token).await.unwrap());
+    }
+    // A second entry for the key, as a redrive appends it; the key untouched.
+    let e = entry(&k.key, unix_millis());
+    q.enqueue(ROUTE, &e, 10).await.unwrap();
+    let second = ids(&q.read_new(ROUTE, "c2", 10).await.unwrap()).remove(0);
+    let Lock::Claimed { attempt, .. } = q.lock(&k, &second, DAY).await.unwrap() else {
+        panic!("lock of the new entry")
+    };
+    assert_eq!(attempt, 1, "a new entry inherits its key's attempt count");
+}
+
 macro_rules! conformance {
     ($($case:ident($retention:expr)),* $(,)?) => {
         mod redis_queue {
@@ -286,6 +311,7 @@ conformance!(
     a_queued_key_acknowledges_copies_and_fences_workers(DAY),
     redrive_restarts_the_age_of_an_old_entry(DAY),
     a_redriven_entry_starts_again_at_attempt_one(DAY),
+    a_new_entry_of_a_key_starts_at_attempt_one(DAY),
     takeover_reaches_a_dead_consumers_entries_behind_live_ones(DAY),
     keep_leaves_an_entry_taken_over_by_another_alone(DAY),
     a_queued_status_outlives_a_short_retention(Duration::from_millis(300)),
