@@ -519,3 +519,41 @@ async fn a_dead_letter_older_than_max_age_is_delivered_when_redriven() {
     assert_eq!(dlq_len(&redis), 0);
     wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
 }
+
+/// A copy sent after `retention` while the first copy's entry still waits (backing off
+/// against a failing application) is acknowledged, not queued and forwarded again:
+/// the `queued` status lives as long as its entry may be delivered. `store` is a
+/// Redis URL or "memory".
+async fn a_copy_after_retention_is_not_queued_again(store: &str, redis: Option<&RedisServer>) {
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Status(500));
+    let sc = SidecarBuilder::new(&up.url(), store)
+        .route(async_route("backoff = \"20s\"\n").tolerance("2s"))
+        .dedup("retention", "3s")
+        .lease("2s")
+        .top("upstream_timeout", "1s")
+        .start()
+        .await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    up.wait_for_count(1, 10 * SEC).await;
+    // The entry now waits 10 to 20 s for its retry; let retention (3 s) pass.
+    tokio::time::sleep(3500 * Duration::from_millis(1)).await;
+    let copy = Delivery::new(&d.id, d.body.clone());
+    assert_eq!(sc.send(&copy).await.status, 200);
+    up.assert_count_stays(1, SEC).await;
+    if let Some(redis) = redis {
+        assert_eq!(queue_len(redis), 1, "the copy was queued a second time");
+    }
+}
+
+#[tokio::test]
+async fn a_copy_after_retention_is_not_queued_again_on_redis() {
+    let redis = RedisServer::start_new();
+    a_copy_after_retention_is_not_queued_again(&redis.url(), Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn a_copy_after_retention_is_not_queued_again_on_the_memory_store() {
+    a_copy_after_retention_is_not_queued_again("memory", None).await;
+}
