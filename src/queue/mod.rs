@@ -151,7 +151,13 @@ pub trait QueueBackend: Send + Sync + 'static {
         max_queue: u64,
     ) -> StoreFuture<'a, Option<String>>;
     /// The claim → `queued` transition (owner only); frees the claim for the worker.
-    fn mark_queued<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
+    /// The status lives at least `keep_for` (the route's `max_age`) or `retention`.
+    fn mark_queued<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, bool>;
     /// Gives a claim up (owner only): the key is `released`.
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
     /// Creates the consumer group (and the stream) if missing.
@@ -179,8 +185,14 @@ pub trait QueueBackend: Send + Sync + 'static {
         consumer: &'a str,
         ids: &'a [String],
     ) -> StoreFuture<'a, ()>;
-    /// Takes the key's claim for one delivery attempt (see `Lock`).
-    fn lock<'a>(&'a self, key: &'a DeliveryKey) -> StoreFuture<'a, Lock>;
+    /// Takes the key's claim for one attempt at entry `id` (see `Lock`); attempts are
+    /// counted per entry, and the status lives at least `keep_for` or `retention`.
+    fn lock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        id: &'a str,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, Lock>;
     /// Extends the attempt's claim while the upstream call runs.
     fn renew<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
     /// Gives a failed attempt's claim up; the key stays `queued`.
@@ -428,7 +440,11 @@ impl AsyncMode {
         // The entry is durable: acknowledge whatever happens next. Should the `queued`
         // mark fail, copies get 409 until the lease lapses, then a copy queues a second
         // entry, which the worker only acknowledges (its key completed).
-        if let Err(e) = self.backend.mark_queued(key, token).await {
+        if let Err(e) = self
+            .backend
+            .mark_queued(key, token, state.cfg.max_age)
+            .await
+        {
             tracing::warn!(route = &*key.route, key = %key.key, error = %e, "marking the key queued failed; the claim frees at lease expiry");
         }
         (Outcome::Queued, ack_answer(&state.cfg))
@@ -655,7 +671,7 @@ impl AsyncMode {
             if self.stop.is_cancelled() {
                 return; // left pending: taken over by another consumer
             }
-            let (token, attempt) = match self.backend.lock(&key).await {
+            let (token, attempt) = match self.backend.lock(&key, id, cfg.max_age).await {
                 Ok(Lock::Claimed { token, attempt }) => (token, attempt),
                 Ok(Lock::Completed) => {
                     self.finish(route, id).await;
@@ -720,7 +736,10 @@ impl AsyncMode {
                         }
                     }
                     if !recorded {
-                        tracing::warn!(route, key = %key.key, "the delivery's claim was lost before completion was recorded");
+                        // Not acknowledged: left pending, taken over after claim_idle
+                        // and found completed, or delivered again (at least once).
+                        tracing::warn!(route, key = %key.key, "completion not recorded (claim lost or store failing); the entry stays pending");
+                        return;
                     }
                     self.finish(route, id).await;
                     tracing::info!(route, key = %key.key, attempt, status = stored.status, duration_ms = took.as_secs_f64() * 1000.0, "queued delivery completed");
@@ -830,8 +849,16 @@ impl AsyncMode {
                 return;
             }
         }
-        if let Err(e) = self.backend.release(key, token).await {
-            tracing::warn!(route, key = %key.key, error = %e, "release failed; the key frees at lease expiry");
+        // Retried: a key left `queued` with its entry in the dead letters acknowledges
+        // the provider's copies without queueing them (until a redrive).
+        for _ in 0..3 {
+            match self.backend.release(key, token).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(route, key = %key.key, error = %e, "releasing a dead-lettered key failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
     }
 }
@@ -851,67 +878,4 @@ fn upstream_target(route: &Route, path_and_query: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg() -> AsyncRoute {
-        AsyncRoute {
-            ack_status: 202,
-            ack_body: "success".into(),
-            max_attempts: 5,
-            max_age: Duration::from_secs(3600),
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(10),
-        }
-    }
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        let c = cfg();
-        assert_eq!(backoff_delay(&c, 1, 0.0), Duration::from_millis(500));
-        assert_eq!(backoff_delay(&c, 1, 1.0), Duration::from_secs(1));
-        assert_eq!(backoff_delay(&c, 3, 1.0), Duration::from_secs(4));
-        assert_eq!(backoff_delay(&c, 3, 0.0), Duration::from_secs(2));
-        assert_eq!(backoff_delay(&c, 10, 1.0), Duration::from_secs(10));
-        assert_eq!(backoff_delay(&c, 1000, 0.5), Duration::from_millis(7500));
-    }
-
-    #[test]
-    fn the_ack_is_the_routes_status_and_body() {
-        let a = ack_answer(&cfg());
-        assert_eq!(a.status(), StatusCode::ACCEPTED);
-        let mut c = cfg();
-        c.ack_body.clear();
-        c.ack_status = 200;
-        let a = ack_answer(&c);
-        assert_eq!(a.status(), StatusCode::OK);
-        assert!(a.headers().get(header::CONTENT_TYPE).is_none());
-    }
-
-    #[test]
-    fn entries_round_trip_through_their_fields() {
-        let e = QueueEntry {
-            key: "evt_1".into(),
-            method: "POST".into(),
-            path: "/webhooks/wh?a=1".into(),
-            headers: Bytes::from_static(b"host: x\r\nidempotency-key: wh:evt_1\r\n"),
-            body: Bytes::from_static(b"\xff\x00body"),
-            received_at: 1_700_000_000_123,
-        };
-        let map: HashMap<String, Bytes> = e
-            .fields()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        assert_eq!(QueueEntry::from_fields(&map), Some(e));
-        let mut partial = map.clone();
-        partial.remove("body");
-        assert_eq!(QueueEntry::from_fields(&partial), None);
-    }
-
-    #[test]
-    fn consumer_names_prefer_the_pod_name() {
-        let name = consumer_name();
-        assert!(!name.is_empty());
-    }
-}
+mod tests;

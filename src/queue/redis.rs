@@ -10,7 +10,7 @@
 //! delivery's own keys, next to claim/complete/release.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,7 +33,7 @@ struct Scripts {
     done: ScriptDef,
     dead: ScriptDef,
     redrive: ScriptDef,
-    reset: ScriptDef,
+    keep: ScriptDef,
 }
 
 /// See the module documentation.
@@ -41,6 +41,9 @@ struct Scripts {
 pub struct RedisQueue {
     store: RedisStore,
     scripts: Arc<Scripts>,
+    /// Per route, where the last `XAUTOCLAIM` stopped: each takeover continues there, so
+    /// entries behind many live ones are reached (it examines at most COUNT×10 per call).
+    cursors: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl RedisQueue {
@@ -56,8 +59,9 @@ impl RedisQueue {
                 done: ScriptDef::new(include_str!("../store/queue_done.lua")),
                 dead: ScriptDef::new(include_str!("../store/queue_dead.lua")),
                 redrive: ScriptDef::new(include_str!("../store/queue_redrive.lua")),
-                reset: ScriptDef::new(include_str!("../store/queue_reset.lua")),
+                keep: ScriptDef::new(include_str!("../store/queue_keep.lua")),
             }),
+            cursors: Arc::default(),
         }
     }
 
@@ -192,13 +196,18 @@ impl QueueBackend for RedisQueue {
         })
     }
 
-    fn mark_queued<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
+    fn mark_queued<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let (state, lock) = self.store.keys(key);
             let call = Call::new(&self.scripts.mark, &[&state, &lock])
                 .arg(token.to_hex())
                 .arg(unix_millis())
-                .arg(ms(self.store.lifetimes().retention));
+                .arg(ms(self.store.lifetimes().retention.max(keep_for)));
             Ok(int_of(&self.script(call).await?) == Some(1))
         })
     }
@@ -252,15 +261,27 @@ impl QueueBackend for RedisQueue {
         count: usize,
     ) -> StoreFuture<'a, Vec<Read>> {
         Box::pin(async move {
+            let start = self
+                .cursors
+                .lock()
+                .ok()
+                .and_then(|c| c.get(route).cloned())
+                .unwrap_or_else(|| "0-0".into());
             let mut cmd = redis::cmd("XAUTOCLAIM");
             cmd.arg(self.queue_key(route))
                 .arg(GROUP)
                 .arg(consumer)
                 .arg(ms(min_idle))
-                .arg("0-0")
+                .arg(start)
                 .arg("COUNT")
                 .arg(count);
             let reply: Value = self.query(cmd).await?;
+            // The next start ("0-0" once the scan went round the whole pending list).
+            if let (Some(next), Ok(mut c)) =
+                (items(&reply).first().and_then(text), self.cursors.lock())
+            {
+                c.insert(route.to_string(), next);
+            }
             Ok(parse_reads(items(
                 items(&reply).get(1).unwrap_or(&Value::Nil),
             )))
@@ -274,18 +295,23 @@ impl QueueBackend for RedisQueue {
         ids: &'a [String],
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut cmd = redis::cmd("XCLAIM");
-            cmd.arg(self.queue_key(route))
+            let queue = self.queue_key(route);
+            let mut call = Call::new(&self.scripts.keep, &[&queue])
                 .arg(GROUP)
-                .arg(consumer)
-                .arg(0)
-                .arg(ids)
-                .arg("JUSTID");
-            self.query::<Value>(cmd).await.map(|_| ())
+                .arg(consumer);
+            for id in ids {
+                call = call.arg(id.as_str());
+            }
+            self.script(call).await.map(|_| ())
         })
     }
 
-    fn lock<'a>(&'a self, key: &'a DeliveryKey) -> StoreFuture<'a, Lock> {
+    fn lock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        id: &'a str,
+        keep_for: Duration,
+    ) -> StoreFuture<'a, Lock> {
         Box::pin(async move {
             let (state, lock) = self.store.keys(key);
             let token = Token::random();
@@ -294,7 +320,8 @@ impl QueueBackend for RedisQueue {
                 .arg(token.to_hex())
                 .arg(ms(lifetimes.lease))
                 .arg(unix_millis())
-                .arg(ms(lifetimes.retention));
+                .arg(ms(lifetimes.retention.max(keep_for)))
+                .arg(id);
             let reply = self.script(call).await?;
             let parts = items(&reply);
             match parts.first().and_then(bytes_of) {
@@ -434,18 +461,10 @@ impl QueueBackend for RedisQueue {
     fn redrive<'a>(&'a self, route: &'a str, dead_letter_id: &'a str) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let (queue, dlq) = (self.queue_key(route), self.dlq_key(route));
-            let call = Call::new(&self.scripts.redrive, &[&queue, &dlq]).arg(dead_letter_id);
-            let reply = self.script(call).await?;
-            let Some(key) = items(&reply).get(1).and_then(text) else {
-                return Ok(false);
-            };
-            let dkey = DeliveryKey::new(route, key);
-            let (state, _) = self.store.keys(&dkey);
-            let call = Call::new(&self.scripts.reset, &[&state])
-                .arg(unix_millis())
-                .arg(ms(self.store.lifetimes().retention));
-            self.script(call).await?;
-            Ok(true)
+            let call = Call::new(&self.scripts.redrive, &[&queue, &dlq])
+                .arg(dead_letter_id)
+                .arg(unix_millis());
+            Ok(text(&self.script(call).await?).is_some())
         })
     }
 }

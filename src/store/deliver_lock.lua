@@ -1,7 +1,10 @@
 -- A queue worker's check-and-set before forwarding: at most one holder per key, so
 -- two workers racing over a taken-over entry never forward it concurrently.
 -- KEYS[1] state hash, KEYS[2] lock; ARGV[1] worker token, ARGV[2] lease ms,
--- ARGV[3] now (unix ms), ARGV[4] retention ms
+-- ARGV[3] now (unix ms), ARGV[4] how long the status lives (ms): the longer of
+-- retention and the route's max_age, so it outlives every attempt the entry may get,
+-- ARGV[5] the queue entry's ID: attempts are counted per entry (a redriven dead
+-- letter is a new entry and starts again at 1)
 -- Returns {'completed'} | {'busy'} | {'claimed', attempt number}
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'completed' then
@@ -14,5 +17,8 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 redis.call('HSET', KEYS[1], 'status', 'queued', 'last_seen', ARGV[3])
 redis.call('HSETNX', KEYS[1], 'first_seen', ARGV[3])
+if redis.call('HGET', KEYS[1], 'delivery_entry') ~= ARGV[5] then
+  redis.call('HSET', KEYS[1], 'delivery_entry', ARGV[5], 'delivery_attempts', 0)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'claimed', redis.call('HINCRBY', KEYS[1], 'delivery_attempts', 1)}

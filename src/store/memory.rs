@@ -356,20 +356,30 @@ pub(crate) enum DeliveryLock {
 /// in `crate::queue::redis`.
 impl MemoryStore {
     /// Turns the owner's claim into `queued` (the delivery is in the queue) and frees
-    /// the claim for the worker.
-    pub(crate) fn mark_queued(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        let retention = self.lifetimes.retention;
+    /// the claim for the worker; the entry lives the longer of retention and `keep_for`.
+    pub(crate) fn mark_queued(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        let keep = self.lifetimes.retention.max(keep_for);
         self.owned(key, token, |e, now| {
             e.status = Status::Queued;
             e.owner = None;
             e.last_seen = unix_millis();
-            e.expires_at = later(now, retention);
+            e.expires_at = later(now, keep);
         })
     }
 
     /// Claims a queued key for one delivery attempt (fenced like a provider's claim).
-    pub(crate) fn lock_for_delivery(&self, key: &DeliveryKey) -> Result<DeliveryLock, StoreError> {
+    pub(crate) fn lock_for_delivery(
+        &self,
+        key: &DeliveryKey,
+        keep_for: Duration,
+    ) -> Result<DeliveryLock, StoreError> {
         let Lifetimes { lease, retention } = self.lifetimes;
+        let keep = retention.max(keep_for);
         self.with_entries(|map, now| {
             let ms = unix_millis();
             if map.get(key).is_some_and(|e| !e.live(now)) {
@@ -390,7 +400,7 @@ impl MemoryStore {
             entry.status = Status::Queued;
             entry.owner = Some((token, later(now, lease)));
             entry.last_seen = ms;
-            entry.expires_at = later(now, retention);
+            entry.expires_at = later(now, keep);
             DeliveryLock::Claimed(token)
         })
     }
@@ -398,16 +408,5 @@ impl MemoryStore {
     /// Gives a failed attempt's claim up; the key stays `queued` for the next attempt.
     pub(crate) fn unlock(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         self.owned(key, token, |e, _| e.owner = None)
-    }
-
-    /// Puts a key that is not completed back to `queued` (a redriven dead letter).
-    pub(crate) fn reset_queued(&self, key: &DeliveryKey) -> Result<(), StoreError> {
-        self.with_entries(|map, _| {
-            if let Some(e) = map.get_mut(key)
-                && e.status != Status::Completed
-            {
-                e.status = Status::Queued;
-            }
-        })
     }
 }

@@ -1,24 +1,27 @@
--- Puts a dead letter back in the queue (without its attempts, last_error, dead_at)
--- and deletes it from the dead-letter stream, atomically.
--- KEYS[1] queue, KEYS[2] dead-letter stream; ARGV[1] dead-letter entry ID
--- Returns {new queue entry ID, key}, or false when there is no such dead letter.
+-- Puts a dead letter back in the queue, atomically: a new entry (without attempts,
+-- last_error, dead_at) whose received_at is now, so max_age counts from the redrive,
+-- and the dead letter deleted. The key's attempts are counted per entry (see
+-- deliver_lock.lua), so the new entry starts at attempt 1 with nothing to reset on
+-- the key, which lives in another slot.
+-- KEYS[1] queue, KEYS[2] dead-letter stream; ARGV[1] dead-letter entry ID,
+-- ARGV[2] now (unix ms)
+-- Returns the new queue entry ID, or false when there is no such dead letter.
 local found = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1])
 if #found == 0 then
   return false
 end
 local fields = found[1][2]
 local out = {}
-local key = ''
 for i = 1, #fields, 2 do
   local f = fields[i]
-  if f ~= 'attempts' and f ~= 'last_error' and f ~= 'dead_at' then
+  if f == 'received_at' then
+    out[#out + 1] = f
+    out[#out + 1] = ARGV[2]
+  elseif f ~= 'attempts' and f ~= 'last_error' and f ~= 'dead_at' then
     out[#out + 1] = f
     out[#out + 1] = fields[i + 1]
-  end
-  if f == 'key' then
-    key = fields[i + 1]
   end
 end
 local id = redis.call('XADD', KEYS[1], '*', unpack(out))
 redis.call('XDEL', KEYS[2], ARGV[1])
-return {id, key}
+return id

@@ -1,0 +1,354 @@
+//! One queue conformance suite, run against both queues: Redis Streams on a private
+//! `redis-server`, and the in-process queue beside the memory store. Each case is
+//! written once, generic over `QueueBackend`, and instantiated for both by the
+//! `conformance!` macro at the bottom, so the two cannot drift.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::RedisServer;
+use common::monitor::Monitor;
+use idemgate::providers::fingerprint_body;
+use idemgate::queue::memory::MemoryQueue;
+use idemgate::queue::redis::RedisQueue;
+use idemgate::queue::{Lock, QueueBackend, QueueEntry};
+use idemgate::store::{Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, unix_millis};
+
+const ROUTE: &str = "wh";
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn lifetimes(retention: Duration) -> Lifetimes {
+    Lifetimes {
+        lease: Duration::from_secs(30),
+        retention,
+    }
+}
+
+fn entry(key: &str, received_at: u64) -> QueueEntry {
+    QueueEntry {
+        key: key.into(),
+        method: "POST".into(),
+        path: "/wh".into(),
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"{}"),
+        received_at,
+    }
+}
+
+/// A queue and the store it shares keys with.
+struct Fixture<Q, S> {
+    queue: Q,
+    store: S,
+    _redis: Option<RedisServer>,
+}
+
+fn redis_fixture(retention: Duration) -> Fixture<RedisQueue, RedisStore> {
+    let redis = RedisServer::start_new();
+    let store = RedisStore::new(
+        &redis.url(),
+        "qc",
+        lifetimes(retention),
+        Duration::from_secs(2),
+    )
+    .expect("store");
+    Fixture {
+        queue: RedisQueue::new(store.clone()),
+        store,
+        _redis: Some(redis),
+    }
+}
+
+fn memory_fixture(retention: Duration) -> Fixture<MemoryQueue, MemoryStore> {
+    let store = MemoryStore::new(lifetimes(retention));
+    Fixture {
+        queue: MemoryQueue::new(store.clone()),
+        store,
+        _redis: None,
+    }
+}
+
+/// Claims `k` as a provider's first copy would, queues its entry and marks it queued.
+async fn accept<Q: QueueBackend, S: Store>(f: &Fixture<Q, S>, k: &DeliveryKey, keep: Duration) {
+    let Claim::Claimed(token) = f.store.claim(k, &fingerprint_body(b"{}")).await.unwrap() else {
+        panic!("first claim of {k:?}")
+    };
+    let e = entry(&k.key, unix_millis());
+    assert!(f.queue.enqueue(ROUTE, &e, 1000).await.unwrap().is_some());
+    assert!(f.queue.mark_queued(k, token, keep).await.unwrap());
+}
+
+fn ids(reads: &[(String, Option<QueueEntry>)]) -> Vec<String> {
+    reads.iter().map(|(id, _)| id.clone()).collect()
+}
+
+/// A dead letter that died of `max_age` is redriven with its age restarted: the
+/// worker measures `max_age` from the redrive, so it is forwarded, not buried again.
+async fn redrive_restarts_the_age_of_an_old_entry<Q: QueueBackend, S: Store>(f: Fixture<Q, S>) {
+    let old = unix_millis() - 2 * DAY.as_millis() as u64;
+    let q = &f.queue;
+    q.enqueue(ROUTE, &entry("old", old), 10).await.unwrap();
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let (id, e) = (&read[0].0, read[0].1.clone().unwrap());
+    q.dead_letter(ROUTE, id, &e, 1, "max_age (1day) exceeded")
+        .await
+        .unwrap();
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    let before = unix_millis();
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let again = read[0].1.clone().unwrap();
+    assert!(
+        again.received_at >= before,
+        "a redriven entry keeps its old age: received_at {} < redrive {before}",
+        again.received_at
+    );
+    assert_eq!((again.key, again.body), (e.key, e.body));
+}
+
+/// A redriven entry starts again at attempt 1, whatever its key's count was.
+async fn a_redriven_entry_starts_again_at_attempt_one<Q: QueueBackend, S: Store>(f: Fixture<Q, S>) {
+    let k = DeliveryKey::new(ROUTE, "k1");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let (id, e) = (read[0].0.clone(), read[0].1.clone().unwrap());
+    let mut last = None;
+    for n in 1..=3 {
+        let Lock::Claimed { token, attempt } = q.lock(&k, &id, DAY).await.unwrap() else {
+            panic!("lock {n}")
+        };
+        assert_eq!(attempt, n);
+        last = Some(token);
+        if n < 3 {
+            assert!(q.unlock(&k, token).await.unwrap());
+        }
+    }
+    q.dead_letter(ROUTE, &id, &e, 3, "upstream answered 500")
+        .await
+        .unwrap();
+    assert!(q.release(&k, last.unwrap()).await.unwrap());
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    assert!(!q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let read = q.read_new(ROUTE, "c2", 10).await.unwrap();
+    let Lock::Claimed { attempt, .. } = q.lock(&k, &read[0].0, DAY).await.unwrap() else {
+        panic!("lock after redrive")
+    };
+    assert_eq!(attempt, 1, "a redriven entry sees the old attempt count");
+}
+
+/// A dead consumer's entries behind many live entries (held and refreshed by a live
+/// consumer, e.g. backing off) are taken over within a few rounds: each takeover
+/// continues where the previous one stopped.
+async fn takeover_reaches_a_dead_consumers_entries_behind_live_ones<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let q = &f.queue;
+    for i in 0..64 {
+        q.enqueue(ROUTE, &entry(&format!("e{i}"), unix_millis()), 100)
+            .await
+            .unwrap();
+    }
+    let live = ids(&q.read_new(ROUTE, "live", 60).await.unwrap());
+    let dead: HashSet<String> = ids(&q.read_new(ROUTE, "dead", 4).await.unwrap())
+        .into_iter()
+        .collect();
+    assert_eq!((live.len(), dead.len()), (60, 4));
+    // Long enough that the live consumer's refresh just before each round keeps its
+    // entries well inside it, even on a busy machine.
+    let idle = Duration::from_millis(800);
+    let mut taken = HashSet::new();
+    for _round in 0..5 {
+        tokio::time::sleep(idle + Duration::from_millis(50)).await;
+        q.keep(ROUTE, "live", &live).await.unwrap();
+        for id in ids(&q.take_over(ROUTE, "third", idle, 4).await.unwrap()) {
+            assert!(
+                dead.contains(&id),
+                "a live consumer's entry {id} was taken over"
+            );
+            taken.insert(id);
+        }
+        if taken == dead {
+            return;
+        }
+    }
+    panic!(
+        "after 5 rounds only {} of the dead consumer's 4 entries were taken over",
+        taken.len()
+    );
+}
+
+/// A consumer refreshing its entries in hand does not refresh (or take back) one that
+/// another consumer took over from it meanwhile.
+async fn keep_leaves_an_entry_taken_over_by_another_alone<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let q = &f.queue;
+    q.enqueue(ROUTE, &entry("k", unix_millis()), 10)
+        .await
+        .unwrap();
+    let held = ids(&q.read_new(ROUTE, "a", 10).await.unwrap());
+    let idle = Duration::from_millis(400);
+    tokio::time::sleep(idle + Duration::from_millis(50)).await;
+    // `a` stalled: `b` takes the entry over, then stalls too.
+    assert_eq!(ids(&q.take_over(ROUTE, "b", idle, 10).await.unwrap()), held);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // `a` wakes up and refreshes what it thinks it holds.
+    q.keep(ROUTE, "a", &held).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // `b`'s hold is now older than `idle`: a third consumer takes the entry over,
+    // unless `a`'s refresh took it back.
+    assert_eq!(
+        ids(&q.take_over(ROUTE, "c", idle, 10).await.unwrap()),
+        held,
+        "a stale consumer's refresh took back an entry another consumer held"
+    );
+}
+
+/// The key of a queued entry stays `queued` (copies are acknowledged, not queued
+/// again) for as long as the entry may still be delivered, even when that is longer
+/// than `retention`.
+async fn a_queued_status_outlives_a_short_retention<Q: QueueBackend, S: Store>(f: Fixture<Q, S>) {
+    let k = DeliveryKey::new(ROUTE, "slow");
+    let fp = fingerprint_body(b"{}");
+    let max_age = Duration::from_secs(30);
+    accept(&f, &k, max_age).await;
+    // Waiting in the queue, then backing off between attempts, each longer than
+    // retention (300 ms).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    let read = f.queue.read_new(ROUTE, "c1", 10).await.unwrap();
+    let Lock::Claimed { token, .. } = f.queue.lock(&k, &read[0].0, max_age).await.unwrap() else {
+        panic!("lock")
+    };
+    assert!(f.queue.unlock(&k, token).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+}
+
+/// A queued key acknowledges copies; one worker at a time holds it; once completed,
+/// workers only acknowledge its entries.
+async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "k1");
+    let fp = fingerprint_body(b"{}");
+    accept(&f, &k, DAY).await;
+    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    let q = &f.queue;
+    let id = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap()).remove(0);
+    let Lock::Claimed { token, attempt } = q.lock(&k, &id, DAY).await.unwrap() else {
+        panic!("worker lock")
+    };
+    assert_eq!(attempt, 1);
+    assert_eq!(q.lock(&k, &id, DAY).await.unwrap(), Lock::Busy);
+    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    let resp = idemgate::store::StoredResponse {
+        status: 200,
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"ok"),
+    };
+    assert!(q.complete(&k, token, &resp).await.unwrap());
+    assert_eq!(q.lock(&k, &id, DAY).await.unwrap(), Lock::Completed);
+    assert!(matches!(
+        f.store.claim(&k, &fp).await.unwrap(),
+        Claim::Completed(_)
+    ));
+}
+
+/// The moment a redriven entry is in the queue, a worker locking it starts at attempt
+/// 1, before anything touched its key (which a redrive cannot do atomically on a
+/// cluster: the key lives in another slot).
+async fn a_new_entry_of_a_key_starts_at_attempt_one<Q: QueueBackend, S: Store>(f: Fixture<Q, S>) {
+    let k = DeliveryKey::new(ROUTE, "k1");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    let first = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap()).remove(0);
+    for n in 1..=3 {
+        let Lock::Claimed { token, attempt } = q.lock(&k, &first, DAY).await.unwrap() else {
+            panic!("lock {n}")
+        };
+        assert_eq!(attempt, n);
+        assert!(q.unlock(&k, token).await.unwrap());
+    }
+    // A second entry for the key, as a redrive appends it; the key untouched.
+    let e = entry(&k.key, unix_millis());
+    q.enqueue(ROUTE, &e, 10).await.unwrap();
+    let second = ids(&q.read_new(ROUTE, "c2", 10).await.unwrap()).remove(0);
+    let Lock::Claimed { attempt, .. } = q.lock(&k, &second, DAY).await.unwrap() else {
+        panic!("lock of the new entry")
+    };
+    assert_eq!(attempt, 1, "a new entry inherits its key's attempt count");
+}
+
+macro_rules! conformance {
+    ($($case:ident($retention:expr)),* $(,)?) => {
+        mod redis_queue {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let f = redis_fixture($retention);
+                    f.queue.ensure_group(ROUTE).await.unwrap();
+                    super::$case(f).await;
+                }
+            )*
+        }
+        mod memory_queue {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(memory_fixture($retention)).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    a_queued_key_acknowledges_copies_and_fences_workers(DAY),
+    redrive_restarts_the_age_of_an_old_entry(DAY),
+    a_redriven_entry_starts_again_at_attempt_one(DAY),
+    a_new_entry_of_a_key_starts_at_attempt_one(DAY),
+    takeover_reaches_a_dead_consumers_entries_behind_live_ones(DAY),
+    keep_leaves_an_entry_taken_over_by_another_alone(DAY),
+    a_queued_status_outlives_a_short_retention(Duration::from_millis(300)),
+);
+
+/// Redrive is one round trip (one script): no step in between where a worker could
+/// find the entry queued but its key not yet reset, and nothing left half done.
+#[tokio::test]
+async fn redis_redrive_is_one_round_trip() {
+    let f = redis_fixture(DAY);
+    let q = &f.queue;
+    q.ensure_group(ROUTE).await.unwrap();
+    let redis = f._redis.as_ref().unwrap();
+    q.enqueue(ROUTE, &entry("k", unix_millis()), 10)
+        .await
+        .unwrap();
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let e = read[0].1.clone().unwrap();
+    q.dead_letter(ROUTE, &read[0].0, &e, 3, "upstream answered 500")
+        .await
+        .unwrap();
+    // Load the scripts first: a first EVALSHA answered NOSCRIPT is not the point.
+    q.redrive(ROUTE, "0-1").await.unwrap();
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let d2 = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(d2.items.is_empty());
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    q.dead_letter(ROUTE, &read[0].0, &e, 3, "again")
+        .await
+        .unwrap();
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    let monitor = Monitor::start(redis);
+    monitor.client_commands_until_marker(redis, "start").await;
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let sent = monitor.client_commands_until_marker(redis, "end").await;
+    assert_eq!(sent, vec!["EVALSHA".to_string()], "redrive sent {sent:?}");
+}
