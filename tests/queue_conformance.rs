@@ -27,6 +27,12 @@ fn lifetimes(retention: Duration) -> Lifetimes {
     }
 }
 
+/// Claims (a worker's, an operator's replay) lapse after 300 ms.
+const SHORT_LEASE: Lifetimes = Lifetimes {
+    lease: Duration::from_millis(300),
+    retention: DAY,
+};
+
 fn entry(key: &str, received_at: u64) -> QueueEntry {
     QueueEntry {
         key: key.into(),
@@ -45,15 +51,10 @@ struct Fixture<Q, S> {
     _redis: Option<RedisServer>,
 }
 
-fn redis_fixture(retention: Duration) -> Fixture<RedisQueue, RedisStore> {
+fn redis_fixture(lifetimes: Lifetimes) -> Fixture<RedisQueue, RedisStore> {
     let redis = RedisServer::start_new();
-    let store = RedisStore::new(
-        &redis.url(),
-        "qc",
-        lifetimes(retention),
-        Duration::from_secs(2),
-    )
-    .expect("store");
+    let store =
+        RedisStore::new(&redis.url(), "qc", lifetimes, Duration::from_secs(2)).expect("store");
     Fixture {
         queue: RedisQueue::new(store.clone()),
         store,
@@ -61,8 +62,8 @@ fn redis_fixture(retention: Duration) -> Fixture<RedisQueue, RedisStore> {
     }
 }
 
-fn memory_fixture(retention: Duration) -> Fixture<MemoryQueue, MemoryStore> {
-    let store = MemoryStore::new(lifetimes(retention));
+fn memory_fixture(lifetimes: Lifetimes) -> Fixture<MemoryQueue, MemoryStore> {
+    let store = MemoryStore::new(lifetimes);
     Fixture {
         queue: MemoryQueue::new(store.clone()),
         store,
@@ -284,14 +285,56 @@ async fn a_new_entry_of_a_key_starts_at_attempt_one<Q: QueueBackend, S: Store>(f
     assert_eq!(attempt, 1, "a new entry inherits its key's attempt count");
 }
 
+/// An operator's replay of a completed async key whose claim lapses without settling
+/// leaves the key completed for a worker too: an entry still pending for it (its
+/// acknowledgement failed after the completion was recorded) is acknowledged, never
+/// forwarded again.
+async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
+    Q: QueueBackend,
+    S: Store,
+>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "k1");
+    let fp = fingerprint_body(b"{}");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    let id = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap()).remove(0);
+    let Lock::Claimed { token, .. } = q.lock(&k, &id, DAY).await.unwrap() else {
+        panic!("worker lock")
+    };
+    let resp = idemgate::store::StoredResponse {
+        status: 200,
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"ok"),
+    };
+    assert!(q.complete(&k, token, &resp).await.unwrap());
+    // The entry is not acknowledged (as when the acknowledgement failed).
+    let Claim::Claimed(_) = f.store.claim_logged(&k, &fp, None, true).await.unwrap() else {
+        panic!("the operator's replay claim")
+    };
+    // The replayer dies: its claim lapses without a completion or a release.
+    tokio::time::sleep(SHORT_LEASE.lease + Duration::from_millis(200)).await;
+    assert_eq!(
+        q.lock(&k, &id, DAY).await.unwrap(),
+        Lock::Completed,
+        "a worker re-claimed a completed key after a lapsed replay"
+    );
+    assert_eq!(
+        f.store.claim(&k, &fp).await.unwrap(),
+        Claim::Completed(resp),
+        "a copy after the lapsed replay"
+    );
+}
+
 macro_rules! conformance {
-    ($($case:ident($retention:expr)),* $(,)?) => {
+    ($($case:ident($lifetimes:expr)),* $(,)?) => {
         mod redis_queue {
             use super::*;
             $(
                 #[tokio::test]
                 async fn $case() {
-                    let f = redis_fixture($retention);
+                    let f = redis_fixture($lifetimes);
                     f.queue.ensure_group(ROUTE).await.unwrap();
                     super::$case(f).await;
                 }
@@ -302,7 +345,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test]
                 async fn $case() {
-                    super::$case(memory_fixture($retention)).await;
+                    super::$case(memory_fixture($lifetimes)).await;
                 }
             )*
         }
@@ -310,20 +353,21 @@ macro_rules! conformance {
 }
 
 conformance!(
-    a_queued_key_acknowledges_copies_and_fences_workers(DAY),
-    redrive_restarts_the_age_of_an_old_entry(DAY),
-    a_redriven_entry_starts_again_at_attempt_one(DAY),
-    a_new_entry_of_a_key_starts_at_attempt_one(DAY),
-    takeover_reaches_a_dead_consumers_entries_behind_live_ones(DAY),
-    keep_leaves_an_entry_taken_over_by_another_alone(DAY),
-    a_queued_status_outlives_a_short_retention(Duration::from_millis(300)),
+    a_queued_key_acknowledges_copies_and_fences_workers(lifetimes(DAY)),
+    redrive_restarts_the_age_of_an_old_entry(lifetimes(DAY)),
+    a_redriven_entry_starts_again_at_attempt_one(lifetimes(DAY)),
+    a_new_entry_of_a_key_starts_at_attempt_one(lifetimes(DAY)),
+    takeover_reaches_a_dead_consumers_entries_behind_live_ones(lifetimes(DAY)),
+    keep_leaves_an_entry_taken_over_by_another_alone(lifetimes(DAY)),
+    a_queued_status_outlives_a_short_retention(lifetimes(Duration::from_millis(300))),
+    a_lapsed_replay_of_a_completed_key_stays_completed_for_workers(SHORT_LEASE),
 );
 
 /// Redrive is one round trip (one script): no step in between where a worker could
 /// find the entry queued but its key not yet reset, and nothing left half done.
 #[tokio::test]
 async fn redis_redrive_is_one_round_trip() {
-    let f = redis_fixture(DAY);
+    let f = redis_fixture(lifetimes(DAY));
     let q = &f.queue;
     q.ensure_group(ROUTE).await.unwrap();
     let redis = f._redis.as_ref().unwrap();

@@ -6,8 +6,11 @@
 -- ARGV[5] the queue entry's ID: attempts are counted per entry (a redriven dead
 -- letter is a new entry and starts again at 1)
 -- Returns {'completed'} | {'busy'} | {'claimed', attempt number}
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'completed' then
+-- An operator's replay of a completed key whose claim lapsed unsettled (`restore`, see
+-- claim.lua) leaves the key completed with its old answer, for workers too.
+local s = redis.call('HMGET', KEYS[1], 'status', 'restore', 'resp_status')
+if s[1] == 'completed' or (s[1] == 'processing' and s[2] == '1' and s[3]
+    and redis.call('EXISTS', KEYS[2]) == 0) then
   return {'completed'}
 end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then

@@ -390,7 +390,7 @@ impl MemoryStore {
             let entry = map
                 .entry(key.clone())
                 .or_insert_with(|| Entry::fresh(None, Status::Queued, ms, now));
-            if entry.status == Status::Completed {
+            if entry.status_at(now) == Status::Completed {
                 return DeliveryLock::Completed;
             }
             if entry.live_owner(now).is_some() {
