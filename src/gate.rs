@@ -702,6 +702,17 @@ impl<S: Store> Gate<S> {
                     Err(e) => {
                         rm.lease_lost.inc();
                         tracing::warn!(route = &*route.name, key = %key.key, error = %e, "recording completion failed; the key frees at lease expiry");
+                        if self.store.confirms_completions() {
+                            // Answered 2xx, it could be forwarded again after a failover.
+                            let r = Refused::new(
+                                Outcome::StoreUnavailable,
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "store_unavailable",
+                                "the completion was not confirmed by replicas; retry later",
+                            )
+                            .retry_after(1);
+                            return (r.outcome, error_answer(&r));
+                        }
                     }
                 }
                 (Outcome::Forwarded, upstream_answer(resp))

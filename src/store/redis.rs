@@ -234,7 +234,7 @@ impl RedisStore {
                             .arg(a.replicas)
                             .arg(ms(a.timeout))
                             .ignore_errors();
-                        match p.query_async::<Vec<Value>>(&mut conn).await {
+                        match conn.pipeline_on_key_master(&p, call.keys[0]).await {
                             Ok(mut vals) if vals.len() == 2 => {
                                 let waited = vals.pop().unwrap_or(Value::Nil);
                                 let reply = vals.pop().unwrap_or(Value::Nil);
@@ -440,6 +440,10 @@ impl Store for RedisStore {
             response_status: get(6).and_then(|s| s.parse().ok()),
             claimed: locked == 1,
         }))
+    }
+
+    fn confirms_completions(&self) -> bool {
+        self.acks.is_some()
     }
 
     fn log_support(&self) -> crate::deliveries::LogSupport {
