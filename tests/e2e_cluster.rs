@@ -8,7 +8,9 @@
 //! - the same storm across a planned Sentinel failover (`SENTINEL FAILOVER`): no copy
 //!   of a 2xx-answered delivery is forwarded again, with or without replica acks;
 //! - a Sentinel failover (the master killed, or demoted by `SENTINEL FAILOVER`): the
-//!   store follows the new master within a bounded time and never writes to the old.
+//!   store follows the new master within a bounded time and never writes to the old;
+//! - `redis://` naming a server in cluster mode: one shard works (without the recent
+//!   index); one node of a multi-shard cluster is reported not ready.
 
 mod common;
 
@@ -17,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{MASTER_NAME, RedisCluster, SentinelSet, cli, poll};
+use common::cluster::{MASTER_NAME, Node, RedisCluster, SentinelSet, cli, poll};
 use common::*;
 use idemgate::providers::fingerprint_body;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store};
@@ -517,4 +519,69 @@ async fn sentinel_demoted_master_is_never_written_to() {
         s.claim(&k1, &fp).await.unwrap(),
         Claim::InFlight { .. }
     ));
+}
+
+/// A managed one-shard Redis in cluster mode behind one `redis://` endpoint: the
+/// logged claim would name the recent index (another slot) and get `CROSSSLOT`; the
+/// store notices and runs the scripts without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index() {
+    let node = Node::single_shard_cluster();
+    let lifetimes = Lifetimes {
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let s = RedisStore::new(&node.url(), "oneshard", lifetimes, Duration::from_secs(2)).unwrap();
+    let fp = fingerprint_body(b"x");
+    let k = DeliveryKey::new("route", "first");
+    let claim = s.claim_logged(&k, &fp, None, false).await;
+    assert!(matches!(claim, Ok(Claim::Claimed(_))), "{claim:?}");
+    assert!(matches!(
+        s.claim_logged(&k, &fp, None, false).await,
+        Ok(Claim::InFlight { .. })
+    ));
+    assert_eq!(
+        s.log_support(),
+        idemgate::deliveries::LogSupport::ByKey,
+        "listing is off, as on a cluster"
+    );
+}
+
+/// The same through the sidecar: deliveries are forwarded once and replayed, and
+/// `/readyz` is green because they work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_on_a_one_shard_cluster_server_forwards_once_and_is_ready() {
+    let node = Node::single_shard_cluster();
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), &node.url()).start().await;
+    let d = Delivery::fresh();
+    let a = sc.send(&d).await;
+    assert!(a.status == 200 && !a.replayed(), "{a:?}");
+    sc.wait_readyz(200, Duration::from_secs(10)).await;
+    let a = sc.send(&d).await;
+    assert!(a.status == 200 && a.replayed(), "{a:?}");
+    up.assert_count_stays(1, Duration::from_millis(200)).await;
+    assert!(sc.stderr().contains("cluster mode"), "{}", sc.stderr());
+}
+
+/// `redis://` naming one node of a 3-shard cluster: keys on the other shards answer
+/// `MOVED`, so the sidecar must not report ready, and says to use redis+cluster://.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_on_one_node_of_a_multi_shard_cluster_is_not_ready() {
+    let cluster = RedisCluster::start(3, 0);
+    let up = Upstream::start().await;
+    let url = cluster.nodes[0].url();
+    let sc = SidecarBuilder::new(&up.url(), &url).start().await;
+    // Redis is up and answers PING: only the cluster check makes /readyz fail.
+    let end = Instant::now() + Duration::from_secs(10);
+    while !sc.stderr().contains("redis+cluster://") {
+        assert_eq!(
+            sc.readyz().await,
+            503,
+            "ready on one node of a 3-shard cluster"
+        );
+        assert!(Instant::now() < end, "no log line names redis+cluster://");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sc.readyz().await, 503);
 }
