@@ -13,9 +13,11 @@
 //! Replication: Redis replicates asynchronously, so a claim or completion acknowledged
 //! by a master that dies a moment later can be missing on the replica that takes over.
 //! With `min_replicas_ack = N`, claim and complete are pipelined with `WAIT N timeout`
-//! on the same connection (so the same node, in one round trip), and count only when
-//! N replicas confirmed them; otherwise the claim is a store error (its lock is
-//! released in the background) and the completion counts as lease lost.
+//! on the same connection (so the same node, in one round trip; in a cluster the
+//! pipeline is routed explicitly to the master of the script's slot), and count only
+//! when N replicas confirmed them; otherwise both are a store error: the claim's lock
+//! is released in the background, and the completion is answered 503, never 2xx (see
+//! `Store::confirms_completions`).
 
 use std::time::Duration;
 
