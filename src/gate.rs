@@ -21,6 +21,9 @@ use crate::providers::{self, KeyError, Refusal, Rejection, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError, UpstreamResponse};
 
+/// The answer to a completion replicas did not confirm.
+mod unconfirmed;
+
 pub type Answer = Response<Full<Bytes>>;
 
 /// The header that marks an answer replayed from the store.
@@ -703,15 +706,7 @@ impl<S: Store> Gate<S> {
                         rm.lease_lost.inc();
                         tracing::warn!(route = &*route.name, key = %key.key, error = %e, "recording completion failed; the key frees at lease expiry");
                         if self.store.confirms_completions() {
-                            // Answered 2xx, it could be forwarded again after a failover.
-                            let r = Refused::new(
-                                Outcome::StoreUnavailable,
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "store_unavailable",
-                                "the completion was not confirmed by replicas; retry later",
-                            )
-                            .retry_after(1);
-                            return (r.outcome, error_answer(&r));
+                            return unconfirmed::answer();
                         }
                     }
                 }
