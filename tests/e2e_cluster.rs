@@ -459,7 +459,12 @@ async fn sentinel_failover_is_followed_by_the_sidecar() {
         "sentinel: deliveries answered 2xx again {:?} after the master was killed ({unavailable} x 503 meanwhile)",
         t.elapsed()
     );
-    assert_eq!(set.reported_master(), Some(promoted));
+    // The sidecar follows the promotion itself, before the Sentinels announce it.
+    poll(
+        Duration::from_secs(10),
+        "the Sentinels to name the promoted replica",
+        || set.reported_master() == Some(promoted),
+    );
     let a = sc.send(&before).await;
     assert!(a.status == 200 && a.replayed(), "{a:?}");
     let forwarded = up

@@ -125,9 +125,29 @@ impl SentinelConnection {
         if let Some(c) = self.cached() {
             return Ok(c); // another task looked it up while this one waited
         }
-        let conn = client
-            .get_async_connection_with_config(&self.inner.config)
-            .await?;
+        // The master `+switch-master` announced, if any: a Sentinel that has not heard
+        // of the switch yet (they learn it from each other within seconds) would
+        // still name the old master, which says master until it is converted.
+        let announced = self.inner.watch.announced();
+        let direct = match announced {
+            Some((host, port)) => match watch::connect_master(&self.inner, &host, port).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(host = %host, port, error = %e, "the announced master is not usable; asking Sentinel");
+                    self.inner.watch.announce(None);
+                    None
+                }
+            },
+            None => None,
+        };
+        let conn = match direct {
+            Some(c) => c,
+            None => {
+                client
+                    .get_async_connection_with_config(&self.inner.config)
+                    .await?
+            }
+        };
         let generation = self
             .inner
             .next_generation
@@ -173,15 +193,19 @@ impl SentinelConnection {
             .unwrap_or_else(|e| e.into_inner()) = until;
     }
 
+    /// Until when commands are held back, if they are.
+    fn paused_until(&self) -> Option<Instant> {
+        *self
+            .inner
+            .paused_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Waits while a failover is under way (the caller's store timeout bounds it).
     async fn wait_unpaused(&self) {
         loop {
-            let until = *self
-                .inner
-                .paused_until
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            match until {
+            match self.paused_until() {
                 None => return,
                 Some(t) if Instant::now() >= t => {
                     self.pause(None);

@@ -6,30 +6,55 @@
 //! store.
 
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+use redis::aio::MultiplexedConnection;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use super::{Inner, PAUSE_BOUND, SentinelConnection};
 use crate::store::topology::SentinelTarget;
 
-/// What the watchers need from the URL.
+/// What the watchers need from the URL, and the master the last `+switch-master` named.
 pub(super) struct Watch {
     sentinels: Vec<(String, u16)>,
     master: String,
     username: Option<String>,
     password: Option<String>,
+    /// The Redis servers' credentials and database, to connect to an announced master.
+    redis: RedisConnectionInfo,
+    announced: Mutex<Option<(String, u16)>>,
 }
 
 impl Watch {
     pub(super) fn new(target: &SentinelTarget) -> Watch {
+        let mut redis = RedisConnectionInfo::default().set_db(target.db);
+        if let Some(u) = &target.username {
+            redis = redis.set_username(u);
+        }
+        if let Some(p) = &target.password {
+            redis = redis.set_password(p);
+        }
         Watch {
             sentinels: target.sentinels.clone(),
             master: target.master.clone(),
             username: target.sentinel_username.clone(),
             password: target.sentinel_password.clone(),
+            redis,
+            announced: Mutex::new(None),
         }
+    }
+
+    /// The master the last `+switch-master` named (until it proves unusable).
+    pub(super) fn announced(&self) -> Option<(String, u16)> {
+        self.announced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(super) fn announce(&self, master: Option<(String, u16)>) {
+        *self.announced.lock().unwrap_or_else(|e| e.into_inner()) = master;
     }
 
     fn info(&self, host: &str, port: u16) -> redis::RedisResult<ConnectionInfo> {
@@ -52,8 +77,10 @@ impl Watch {
 enum Event {
     /// A failover of the master has started: the old master may be demoted any moment.
     Started,
-    /// The Sentinels name a new master.
-    Switched,
+    /// The replica at this address was chosen for promotion.
+    Selected(String, u16),
+    /// The Sentinels name a new master, at this address.
+    Switched(Option<(String, u16)>),
     /// The failover was given up: the old master stays.
     Aborted,
 }
@@ -75,9 +102,24 @@ fn classify(master: &str, channel: &str, payload: &str) -> Option<Event> {
         "+try-failover"
         | "+elected-leader"
         | "+failover-state-select-slave"
-        | "+selected-slave"
         | "+failover-state-send-slaveof-noone" => Some(Event::Started),
-        "+switch-master" => Some(Event::Switched),
+        // `slave <ip:port> <ip> <port> @ <master> …`
+        "+selected-slave" => {
+            let f: Vec<&str> = payload.split(' ').collect();
+            match (f.get(2), f.get(3).and_then(|p| p.parse::<u16>().ok())) {
+                (Some(h), Some(p)) => Some(Event::Selected(h.to_string(), p)),
+                _ => Some(Event::Started),
+            }
+        }
+        "+switch-master" => {
+            // `<name> <old-ip> <old-port> <new-ip> <new-port>`
+            let f: Vec<&str> = payload.split(' ').collect();
+            let new = match (f.get(3), f.get(4).and_then(|p| p.parse::<u16>().ok())) {
+                (Some(h), Some(p)) => Some((h.to_string(), p)),
+                _ => None,
+            };
+            Some(Event::Switched(new))
+        }
         c if c.starts_with("-failover-abort") => Some(Event::Aborted),
         _ => None,
     }
@@ -105,7 +147,18 @@ fn apply(inner: Arc<Inner>, event: Event) {
             conn.pause(Some(Instant::now() + PAUSE_BOUND));
             conn.forget_current("Sentinel announced a failover of the master");
         }
-        Event::Switched => {
+        Event::Selected(host, port) => {
+            conn.pause(Some(Instant::now() + PAUSE_BOUND));
+            conn.forget_current("Sentinel announced a failover of the master");
+            tokio::spawn(await_promotion(Arc::downgrade(&conn.inner), host, port));
+        }
+        Event::Switched(new) => {
+            // The same switch is announced by every Sentinel in turn: reconnect once.
+            if new.is_some() && conn.inner.watch.announced() == new {
+                conn.pause(None);
+                return;
+            }
+            conn.inner.watch.announce(new);
             conn.forget_current("Sentinel announced a new master");
             conn.pause(None);
         }
@@ -158,6 +211,60 @@ async fn watch_one(inner: Weak<Inner>, info: ConnectionInfo) {
     }
 }
 
+/// Polls the replica chosen for promotion until it says master, then resumes on it
+/// (`+switch-master` follows only after Sentinel's next look at it, up to a second
+/// later); ends when the pause ends otherwise (switch announced, failover aborted, or
+/// [`PAUSE_BOUND`]).
+async fn await_promotion(inner: Weak<Inner>, host: String, port: u16) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let conn = SentinelConnection { inner };
+        if conn.paused_until().is_none_or(|t| Instant::now() >= t) {
+            return;
+        }
+        if connect_master(&conn.inner, &host, port).await.is_ok() {
+            if conn.paused_until().is_some() {
+                tracing::info!(host = %host, port, "the replica chosen by Sentinel was promoted; writing to it");
+                conn.inner.watch.announce(Some((host, port)));
+                conn.forget_current("the replica chosen by Sentinel was promoted");
+                conn.pause(None);
+            }
+            return;
+        }
+    }
+}
+
+/// A connection to the announced master at `host:port`, if it says it is master.
+pub(super) async fn connect_master(
+    inner: &Inner,
+    host: &str,
+    port: u16,
+) -> redis::RedisResult<MultiplexedConnection> {
+    let info = ConnectionAddr::Tcp(host.to_string(), port)
+        .into_connection_info()?
+        .set_tcp_settings(crate::store::connection::tcp_settings())
+        .set_redis_settings(inner.watch.redis.clone());
+    let mut conn = redis::Client::open(info)?
+        .get_multiplexed_async_connection_with_config(&inner.config)
+        .await?;
+    let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+    let is_master = match &role {
+        Value::Array(items) => {
+            items.first().and_then(crate::store::redis::bytes_of) == Some(b"master")
+        }
+        _ => false,
+    };
+    if is_master {
+        Ok(conn)
+    } else {
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "the announced master says it is not master",
+        )))
+    }
+}
+
 async fn subscribe(info: ConnectionInfo) -> redis::RedisResult<redis::aio::PubSubStream> {
     let client = redis::Client::open(info)?;
     let mut pubsub = tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub())
@@ -184,7 +291,7 @@ mod tests {
                 "+selected-slave",
                 "slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379"
             ),
-            Some(Event::Started)
+            Some(Event::Selected("127.0.0.1".to_string(), 6380))
         );
         assert_eq!(
             classify(
@@ -192,7 +299,7 @@ mod tests {
                 "+switch-master",
                 "mymaster 127.0.0.1 6379 127.0.0.1 6380"
             ),
-            Some(Event::Switched)
+            Some(Event::Switched(Some(("127.0.0.1".to_string(), 6380))))
         );
         assert_eq!(
             classify(
