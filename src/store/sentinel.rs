@@ -19,9 +19,10 @@
 //! write it took meanwhile is lost when it resyncs. So the connection also follows the
 //! Sentinels' announcements (their pub/sub, see [`watch`]): from the moment a failover
 //! of this master starts (`+try-failover`, before the replica is promoted) no command
-//! is sent, until `+switch-master` names the new master (or the failover is aborted, or
-//! [`PAUSE_BOUND`] passes); then the master is looked up again. Connecting checks the
-//! node's role (the crate asks `ROLE`), so a node that no longer says master is never used.
+//! is sent, until the replica Sentinel selected says it is master, or `+switch-master`
+//! names the new master (or the failover is aborted, or [`PAUSE_BOUND`] passes); then
+//! commands go to that node. Every connection checks the node's role (`ROLE`), so a
+//! node that no longer says master is never used.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
