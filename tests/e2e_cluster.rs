@@ -596,3 +596,44 @@ async fn redis_url_on_one_node_of_a_multi_shard_cluster_is_not_ready() {
     }
     assert_eq!(sc.readyz().await, 503);
 }
+
+/// `WAIT` must count the replicas of the node that ran the script: with one master's
+/// replica gone, claims on that master's slots are refused and claims on the other
+/// masters' slots still count (were `WAIT` sent to every master, or to another one, the
+/// answers would not follow the slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_count_the_replicas_of_the_slots_master() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let lifetimes = Lifetimes {
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let s = RedisStore::new(&cluster.url(), "acks", lifetimes, Duration::from_secs(2))
+        .unwrap()
+        .with_replica_acks(1, Duration::from_millis(100));
+    let masters = cluster.live_masters();
+    let lonely = masters[0];
+    let replica = cluster.replica_of(lonely);
+    cluster.node(replica).kill();
+    let fp = fingerprint_body(b"x");
+    let (mut refused, mut counted) = (0, 0);
+    for i in 0..60 {
+        let k = DeliveryKey::new("route", format!("k{i}"));
+        let on_lonely = cluster.master_of(&s.state_key(&k)) == lonely;
+        match s.claim(&k, &fp).await {
+            Ok(Claim::Claimed(_)) => {
+                assert!(!on_lonely, "a claim on the replica-less master counted");
+                counted += 1;
+            }
+            Err(e) => {
+                assert!(on_lonely, "a claim on a replicated master was refused: {e}");
+                refused += 1;
+            }
+            Ok(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        refused > 0 && counted > 0,
+        "{refused} refused, {counted} counted"
+    );
+}

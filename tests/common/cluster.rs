@@ -326,6 +326,17 @@ impl RedisCluster {
         panic!("no master owns slot {slot}");
     }
 
+    /// The port of a live replica of the master at `master_port`.
+    pub fn replica_of(&self, master_port: u16) -> u16 {
+        self.live()
+            .find(|n| {
+                n.info("replication", "role").as_deref() == Some("slave")
+                    && n.info("replication", "master_port") == Some(master_port.to_string())
+            })
+            .map(|n| n.port)
+            .expect("a live replica of that master")
+    }
+
     /// Keys stored on the node at `port` (SCAN).
     pub fn keys_on(&self, port: u16) -> Vec<String> {
         cli(port, &["--scan", "--pattern", "*"])
