@@ -21,6 +21,9 @@ use crate::providers::{self, KeyError, Refusal, Rejection, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError, UpstreamResponse};
 
+/// The answer to a completion replicas did not confirm.
+mod unconfirmed;
+
 pub type Answer = Response<Full<Bytes>>;
 
 /// The header that marks an answer replayed from the store.
@@ -702,6 +705,9 @@ impl<S: Store> Gate<S> {
                     Err(e) => {
                         rm.lease_lost.inc();
                         tracing::warn!(route = &*route.name, key = %key.key, error = %e, "recording completion failed; the key frees at lease expiry");
+                        if self.store.confirms_completions() {
+                            return unconfirmed::answer();
+                        }
                     }
                 }
                 (Outcome::Forwarded, upstream_answer(resp))

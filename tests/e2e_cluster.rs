@@ -5,8 +5,12 @@
 //! - a master killed during a storm of distinct deliveries: the sidecars keep
 //!   answering (503 while the slot has no master), and afterwards a copy of a delivery
 //!   that was answered 2xx is not forwarded again, with `min_replicas_ack = 1` never;
+//! - the same storm across a planned Sentinel failover (`SENTINEL FAILOVER`): no copy
+//!   of a 2xx-answered delivery is forwarded again, with or without replica acks;
 //! - a Sentinel failover (the master killed, or demoted by `SENTINEL FAILOVER`): the
-//!   store follows the new master within a bounded time and never writes to the old.
+//!   store follows the new master within a bounded time and never writes to the old;
+//! - `redis://` naming a server in cluster mode: one shard works (without the recent
+//!   index); one node of a multi-shard cluster is reported not ready.
 
 mod common;
 
@@ -15,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{MASTER_NAME, RedisCluster, SentinelSet, cli, poll};
+use common::cluster::{MASTER_NAME, Node, RedisCluster, SentinelSet, cli, poll};
 use common::*;
 use idemgate::providers::fingerprint_body;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store};
@@ -86,32 +90,34 @@ async fn three_sidecars_on_a_cluster_forward_300_copies_once() {
     assert_eq!(forwarded, 1.0, "forwarded summed over sidecars");
 }
 
-/// What a storm with a master killed in the middle saw.
+/// What a storm with a failover in the middle saw.
 #[derive(Debug, Default)]
 struct StormReport {
     sent: usize,
     answered_2xx: usize,
     answered_503: usize,
-    /// Re-sends of 2xx-answered deliveries after the failover, by answer.
+    /// Re-sends of 2xx-answered deliveries after the failover that were replayed.
     resent_replayed: usize,
+    /// 409s met on the way (a claim left on the promoted node: retried after it).
     resent_409: usize,
     /// 2xx-answered deliveries the upstream received more than once.
     slipped: usize,
+    /// 2xx-answered deliveries sent after the new master took over (the ones a write
+    /// to the old master would lose).
+    after_switch: usize,
 }
 
-/// Distinct deliveries from 12 senders over three sidecars; a master is killed a
-/// second in, its replica takes over, the killed node comes back as a replica; then
-/// every delivery that was answered 2xx is sent again.
-async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
-    let cluster = RedisCluster::start(3, 1);
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Delayed(
-        Duration::from_millis(5),
-        Box::new(Mode::default_ok()),
-    ));
+/// At most this many fresh deliveries per sender (12 senders: at most 1,440).
+const PER_SENDER: usize = 120;
+
+/// Sidecars for a storm: `store.timeout` 1 s, a 3 s lease (so a claim left without
+/// its completion frees within the test, and a copy could then be forwarded again).
+async fn storm_sidecars(up: &Upstream, url: &str, n: usize, min_replicas_ack: u32) -> Vec<Sidecar> {
     let mut scs = Vec::new();
-    for _ in 0..3 {
-        let mut b = SidecarBuilder::new(&up.url(), &cluster.url()).store_opt("timeout", "1s");
+    for _ in 0..n {
+        let mut b = SidecarBuilder::new(&up.url(), url)
+            .store_opt("timeout", "1s")
+            .lease("3s");
         if min_replicas_ack > 0 {
             b = b
                 .store_raw("min_replicas_ack", &min_replicas_ack.to_string())
@@ -122,66 +128,75 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
     for sc in &scs {
         sc.wait_readyz(200, Duration::from_secs(10)).await;
     }
-    let targets: Vec<(reqwest::Client, String)> = scs
-        .iter()
-        .map(|sc| (sc.client.clone(), sc.url(PATH)))
-        .collect();
-    let targets = Arc::new(targets);
+    scs
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut senders = Vec::new();
-    for w in 0..12 {
-        let targets = targets.clone();
-        let stop = stop.clone();
-        senders.push(tokio::spawn(async move {
-            let mut seen: Vec<(Delivery, u16)> = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(90);
-            let mut i = w;
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                let d = Delivery::fresh();
-                let (client, url) = &targets[i % targets.len()];
-                i += 1;
-                let a = post(client, url, &d.headers(), d.body.clone())
-                    .await
-                    .unwrap_or_else(|e| panic!("a sidecar did not answer: {e:?}"));
-                seen.push((d, a.status));
-            }
-            seen
-        }));
-    }
+type Targets = Arc<Vec<(reqwest::Client, String)>>;
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let victim = cluster.live_masters()[0];
-    let started = Instant::now();
-    let cluster = tokio::task::spawn_blocking(move || {
-        let mut cluster = cluster;
-        cluster.kill_master_and_wait_failover(victim, Duration::from_secs(30));
-        cluster
-    })
-    .await
-    .unwrap();
-    let failover = started.elapsed();
-    // The killed node comes back empty and rejoins as the new master's replica.
-    let cluster = tokio::task::spawn_blocking(move || {
-        let mut cluster = cluster;
-        cluster.node(victim).start();
-        cluster.wait_healthy(Duration::from_secs(30));
-        cluster
-    })
-    .await
-    .unwrap();
-    let healed = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
+fn targets_of(scs: &[Sidecar]) -> Targets {
+    Arc::new(
+        scs.iter()
+            .map(|sc| (sc.client.clone(), sc.url(PATH)))
+            .collect(),
+    )
+}
 
+/// What one sender sent: the delivery, its answer, and when it was sent.
+type Sent = Vec<(Delivery, u16, Instant)>;
+
+/// 12 senders of distinct deliveries over the sidecars, until `stop` (or their cap);
+/// each pauses between deliveries (20 ms, 250 ms after a 503) so that the storm spans
+/// the failover.
+fn start_senders(targets: &Targets, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<Sent>> {
+    (0..12)
+        .map(|w| {
+            let targets = targets.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut seen: Sent = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut i = w;
+                while !stop.load(Ordering::Relaxed)
+                    && seen.len() < PER_SENDER
+                    && Instant::now() < deadline
+                {
+                    let d = Delivery::fresh();
+                    let (client, url) = &targets[i % targets.len()];
+                    i += 1;
+                    let at = Instant::now();
+                    let a = post(client, url, &d.headers(), d.body.clone())
+                        .await
+                        .unwrap_or_else(|e| panic!("a sidecar did not answer: {e:?}"));
+                    // A provider backs off after a 503; this also keeps the storm
+                    // going until the deployment has healed.
+                    let pause = if a.status == 503 { 250 } else { 20 };
+                    seen.push((d, a.status, at));
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+/// Collects the senders' answers, then sends every 2xx-answered delivery again
+/// (retrying 503 and 409 like a provider, so a claim left behind by the failover has
+/// expired when the copy is finally answered) and counts those forwarded twice.
+async fn settle_storm(
+    senders: Vec<tokio::task::JoinHandle<Sent>>,
+    targets: &Targets,
+    up: &Upstream,
+    switched: Instant,
+) -> StormReport {
     let mut report = StormReport::default();
     let mut answered: Vec<Delivery> = Vec::new();
     for s in senders {
-        for (d, status) in s.await.expect("sender") {
+        for (d, status, at) in s.await.expect("sender") {
             report.sent += 1;
             match status {
                 200 => {
                     report.answered_2xx += 1;
+                    report.after_switch += usize::from(at > switched);
                     answered.push(d);
                 }
                 503 => report.answered_503 += 1,
@@ -194,7 +209,6 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
         "nothing was answered 2xx: {report:?}"
     );
 
-    // Every 2xx-answered delivery again, until it gets something other than 503.
     let queue = Arc::new(std::sync::Mutex::new(answered.clone()));
     let mut resenders = Vec::new();
     for _ in 0..12 {
@@ -202,7 +216,7 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
         let targets = targets.clone();
         resenders.push(tokio::spawn(async move {
             let (mut replayed, mut conflicts, mut i) = (0, 0, 0);
-            let deadline = Instant::now() + Duration::from_secs(60);
+            let deadline = Instant::now() + Duration::from_secs(40);
             loop {
                 let Some(d) = queue.lock().unwrap().pop() else {
                     break;
@@ -216,10 +230,16 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
                     match a.status {
                         200 if a.replayed() => replayed += 1,
                         200 => {} // forwarded again: counted at the upstream below
-                        409 => conflicts += 1,
-                        503 => {
-                            assert!(Instant::now() < deadline, "still 503 after the failover");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        409 | 503 => {
+                            if a.status == 409 {
+                                conflicts += 1;
+                            }
+                            assert!(
+                                Instant::now() < deadline,
+                                "a re-send still gets {} after the failover",
+                                a.status
+                            );
+                            tokio::time::sleep(Duration::from_millis(200)).await;
                             continue;
                         }
                         other => panic!("unexpected answer {other} to a re-send: {a:?}"),
@@ -249,6 +269,50 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
             report.slipped += 1;
         }
     }
+    report
+}
+
+/// Distinct deliveries from 12 senders over three sidecars; a master is killed a
+/// second in, its replica takes over, the killed node comes back as a replica; then
+/// every delivery that was answered 2xx is sent again.
+async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
+    let cluster = RedisCluster::start(3, 1);
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Delayed(
+        Duration::from_millis(5),
+        Box::new(Mode::default_ok()),
+    ));
+    let scs = storm_sidecars(&up, &cluster.url(), 3, min_replicas_ack).await;
+    let targets = targets_of(&scs);
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders = start_senders(&targets, &stop);
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let victim = cluster.live_masters()[0];
+    let started = Instant::now();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = cluster;
+        cluster.kill_master_and_wait_failover(victim, Duration::from_secs(30));
+        cluster
+    })
+    .await
+    .unwrap();
+    let failover = started.elapsed();
+    let switched = Instant::now();
+    // The killed node comes back empty and rejoins as the new master's replica.
+    let cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = cluster;
+        cluster.node(victim).start();
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    })
+    .await
+    .unwrap();
+    let healed = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let report = settle_storm(senders, &targets, &up, switched).await;
     eprintln!(
         "min_replicas_ack = {min_replicas_ack}: failover after {failover:?}, healed after {healed:?}; {report:?}"
     );
@@ -263,14 +327,102 @@ async fn master_killed_during_a_storm_without_replica_acks() {
     // master died may be missing on its replica, so a few copies may slip through.
     // Counted and reported, not asserted.
     let r = storm_with_a_master_killed(0).await;
-    assert!(r.resent_replayed + r.resent_409 <= r.answered_2xx, "{r:?}");
+    assert!(r.resent_replayed <= r.answered_2xx, "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn master_killed_during_a_storm_with_min_replicas_ack_lets_no_copy_through() {
     let r = storm_with_a_master_killed(1).await;
     assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
-    assert_eq!(r.resent_replayed + r.resent_409, r.answered_2xx, "{r:?}");
+    assert!(
+        r.after_switch > 0,
+        "the storm ended before the failover: {r:?}"
+    );
+    assert_eq!(r.resent_replayed, r.answered_2xx, "{r:?}");
+}
+
+/// Distinct deliveries from 12 senders over two sidecars on a Sentinel-managed
+/// master; a second in, `SENTINEL FAILOVER` promotes the replica while the old master
+/// is alive; once the old master has rejoined as a replica and caught up, every
+/// delivery that was answered 2xx is sent again.
+async fn storm_with_a_planned_sentinel_failover(min_replicas_ack: u32) -> StormReport {
+    let set = SentinelSet::start();
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Delayed(
+        Duration::from_millis(5),
+        Box::new(Mode::default_ok()),
+    ));
+    let scs = storm_sidecars(&up, &set.url(), 2, min_replicas_ack).await;
+    let targets = targets_of(&scs);
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders = start_senders(&targets, &stop);
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (old, new) = (set.master.port, set.replica.port);
+    let started = Instant::now();
+    let (set, switched) = tokio::task::spawn_blocking(move || {
+        assert_eq!(
+            set.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]),
+            "OK"
+        );
+        poll(
+            Duration::from_secs(30),
+            "the replica to be promoted",
+            || cli(new, &["ROLE"]).lines().next() == Some("master"),
+        );
+        let switched = Instant::now();
+        poll(
+            Duration::from_secs(30),
+            "the old master to rejoin as the new master's replica, in sync",
+            || {
+                set.reported_master() == Some(new)
+                    && set
+                        .master
+                        .info("replication", "master_link_status")
+                        .as_deref()
+                        == Some("up")
+                    && set.master.info("replication", "master_port") == Some(new.to_string())
+            },
+        );
+        (set, switched)
+    })
+    .await
+    .unwrap();
+    let healed = started.elapsed();
+    // With replica acks the new master refuses claims until the old one has
+    // rejoined as its replica: keep sending a while after that.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let report = settle_storm(senders, &targets, &up, switched).await;
+    eprintln!(
+        "sentinel, min_replicas_ack = {min_replicas_ack}: {old} demoted, {new} promoted, healed after {healed:?}; {report:?}"
+    );
+    drop(scs);
+    drop(set);
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn planned_sentinel_failover_during_a_storm_lets_no_copy_through() {
+    let r = storm_with_a_planned_sentinel_failover(0).await;
+    assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
+    assert!(
+        r.after_switch > 0,
+        "the storm ended before the switch: {r:?}"
+    );
+    assert_eq!(r.resent_replayed, r.answered_2xx, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn planned_sentinel_failover_with_min_replicas_ack_lets_no_copy_through() {
+    let r = storm_with_a_planned_sentinel_failover(1).await;
+    assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
+    assert!(
+        r.after_switch > 0,
+        "the storm ended before the switch: {r:?}"
+    );
+    assert_eq!(r.resent_replayed, r.answered_2xx, "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -307,7 +459,12 @@ async fn sentinel_failover_is_followed_by_the_sidecar() {
         "sentinel: deliveries answered 2xx again {:?} after the master was killed ({unavailable} x 503 meanwhile)",
         t.elapsed()
     );
-    assert_eq!(set.reported_master(), Some(promoted));
+    // The sidecar follows the promotion itself, before the Sentinels announce it.
+    poll(
+        Duration::from_secs(10),
+        "the Sentinels to name the promoted replica",
+        || set.reported_master() == Some(promoted),
+    );
     let a = sc.send(&before).await;
     assert!(a.status == 200 && a.replayed(), "{a:?}");
     let forwarded = up
@@ -373,4 +530,110 @@ async fn sentinel_demoted_master_is_never_written_to() {
         s.claim(&k1, &fp).await.unwrap(),
         Claim::InFlight { .. }
     ));
+}
+
+/// A managed one-shard Redis in cluster mode behind one `redis://` endpoint: the
+/// logged claim would name the recent index (another slot) and get `CROSSSLOT`; the
+/// store notices and runs the scripts without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index() {
+    let node = Node::single_shard_cluster();
+    let lifetimes = Lifetimes {
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let s = RedisStore::new(&node.url(), "oneshard", lifetimes, Duration::from_secs(2)).unwrap();
+    let fp = fingerprint_body(b"x");
+    let k = DeliveryKey::new("route", "first");
+    let claim = s.claim_logged(&k, &fp, None, false).await;
+    assert!(matches!(claim, Ok(Claim::Claimed(_))), "{claim:?}");
+    assert!(matches!(
+        s.claim_logged(&k, &fp, None, false).await,
+        Ok(Claim::InFlight { .. })
+    ));
+    assert_eq!(
+        s.log_support(),
+        idemgate::deliveries::LogSupport::ByKey,
+        "listing is off, as on a cluster"
+    );
+}
+
+/// The same through the sidecar: deliveries are forwarded once and replayed, and
+/// `/readyz` is green because they work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_on_a_one_shard_cluster_server_forwards_once_and_is_ready() {
+    let node = Node::single_shard_cluster();
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), &node.url()).start().await;
+    let d = Delivery::fresh();
+    let a = sc.send(&d).await;
+    assert!(a.status == 200 && !a.replayed(), "{a:?}");
+    sc.wait_readyz(200, Duration::from_secs(10)).await;
+    let a = sc.send(&d).await;
+    assert!(a.status == 200 && a.replayed(), "{a:?}");
+    up.assert_count_stays(1, Duration::from_millis(200)).await;
+    assert!(sc.stderr().contains("cluster mode"), "{}", sc.stderr());
+}
+
+/// `redis://` naming one node of a 3-shard cluster: keys on the other shards answer
+/// `MOVED`, so the sidecar must not report ready, and says to use redis+cluster://.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_on_one_node_of_a_multi_shard_cluster_is_not_ready() {
+    let cluster = RedisCluster::start(3, 0);
+    let up = Upstream::start().await;
+    let url = cluster.nodes[0].url();
+    let sc = SidecarBuilder::new(&up.url(), &url).start().await;
+    // Redis is up and answers PING: only the cluster check makes /readyz fail.
+    let end = Instant::now() + Duration::from_secs(10);
+    while !sc.stderr().contains("redis+cluster://") {
+        assert_eq!(
+            sc.readyz().await,
+            503,
+            "ready on one node of a 3-shard cluster"
+        );
+        assert!(Instant::now() < end, "no log line names redis+cluster://");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sc.readyz().await, 503);
+}
+
+/// `WAIT` must count the replicas of the node that ran the script: with one master's
+/// replica gone, claims on that master's slots are refused and claims on the other
+/// masters' slots still count (were `WAIT` sent to every master, or to another one, the
+/// answers would not follow the slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_count_the_replicas_of_the_slots_master() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let lifetimes = Lifetimes {
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+    };
+    let s = RedisStore::new(&cluster.url(), "acks", lifetimes, Duration::from_secs(2))
+        .unwrap()
+        .with_replica_acks(1, Duration::from_millis(100));
+    let masters = cluster.live_masters();
+    let lonely = masters[0];
+    let replica = cluster.replica_of(lonely);
+    cluster.node(replica).kill();
+    let fp = fingerprint_body(b"x");
+    let (mut refused, mut counted) = (0, 0);
+    for i in 0..60 {
+        let k = DeliveryKey::new("route", format!("k{i}"));
+        let on_lonely = cluster.master_of(&s.state_key(&k)) == lonely;
+        match s.claim(&k, &fp).await {
+            Ok(Claim::Claimed(_)) => {
+                assert!(!on_lonely, "a claim on the replica-less master counted");
+                counted += 1;
+            }
+            Err(e) => {
+                assert!(on_lonely, "a claim on a replicated master was refused: {e}");
+                refused += 1;
+            }
+            Ok(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        refused > 0 && counted > 0,
+        "{refused} refused, {counted} counted"
+    );
 }

@@ -234,6 +234,10 @@ impl<S: Store> Store for Breaker<S> {
         self.lock().is_open()
     }
 
+    fn confirms_completions(&self) -> bool {
+        self.inner.confirms_completions()
+    }
+
     // The delivery log (issue 8) passes through the breaker with the same rule as the
     // plain calls: a claim is held back while the circuit is open, settlements are
     // always attempted, and operator reads/forgets go straight to the store.

@@ -98,6 +98,33 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Runs `pipe` (a script and the `WAIT` that must confirm it) on the node that owns
+    /// `key`. In a cluster the pipeline is routed explicitly to the master of `key`'s
+    /// slot, so `WAIT` (a keyless command the crate would send to every master on its
+    /// own) runs on the node that ran the script and counts that node's replicas.
+    pub async fn pipeline_on_key_master(
+        &mut self,
+        pipe: &Pipeline,
+        key: &str,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Connection::Cluster(c) => {
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+                c.route_pipeline(
+                    pipe.clone(),
+                    0,
+                    pipe.len(),
+                    SingleNodeRoutingInfo::SpecificNode(route),
+                )
+                .await
+            }
+            other => pipe.query_async(other).await,
+        }
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

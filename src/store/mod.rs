@@ -195,6 +195,12 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether a completion counts only once replicas confirmed it (`min_replicas_ack`):
+    /// then a completion that could not be confirmed must not be answered 2xx.
+    fn confirms_completions(&self) -> bool {
+        false
+    }
+
     // --- Operator visibility (issue 8): the delivery log. Every method has a default so
     // that a store (or a wrapper around one) without a log keeps working; the defaults
     // write nothing extra and answer `log_support() == LogSupport::None`.

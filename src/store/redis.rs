@@ -13,9 +13,11 @@
 //! Replication: Redis replicates asynchronously, so a claim or completion acknowledged
 //! by a master that dies a moment later can be missing on the replica that takes over.
 //! With `min_replicas_ack = N`, claim and complete are pipelined with `WAIT N timeout`
-//! on the same connection (so the same node, in one round trip), and count only when
-//! N replicas confirmed them; otherwise the claim is a store error (its lock is
-//! released in the background) and the completion counts as lease lost.
+//! on the same connection (so the same node, in one round trip; in a cluster the
+//! pipeline is routed explicitly to the master of the script's slot), and count only
+//! when N replicas confirmed them; otherwise both are a store error: the claim's lock
+//! is released in the background, and the completion is answered 503, never 2xx (see
+//! `Store::confirms_completions`).
 
 use std::time::Duration;
 
@@ -23,6 +25,8 @@ use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use super::connection::Connection;
 
+/// A `redis://` server in cluster mode.
+mod cluster_mode;
 /// The delivery log (issue 8): extra arguments to the same scripts, and the reads.
 mod log;
 use super::topology::Topology;
@@ -70,6 +74,8 @@ pub struct RedisStore {
     timeout: Duration,
     acks: Option<ReplicaAcks>,
     scripts: std::sync::Arc<Scripts>,
+    /// The one server of a `redis://` URL runs in cluster mode (see `cluster_mode`).
+    cluster_mode: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One script call: the script, its keys and its arguments.
@@ -97,8 +103,9 @@ impl<'a> Call<'a> {
         self
     }
 
-    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`.
-    fn command(&self, by_sha: bool) -> Cmd {
+    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`; with the first `nkeys`
+    /// keys only.
+    fn command(&self, by_sha: bool, nkeys: usize) -> Cmd {
         let mut c = if by_sha {
             let mut c = redis::cmd("EVALSHA");
             c.arg(&self.script.sha);
@@ -108,9 +115,8 @@ impl<'a> Call<'a> {
             c.arg(self.script.source);
             c
         };
-        c.arg(self.nkeys)
-            .arg(&self.keys[..self.nkeys])
-            .arg(&self.args);
+        let nkeys = nkeys.min(self.nkeys);
+        c.arg(nkeys).arg(&self.keys[..nkeys]).arg(&self.args);
         c
     }
 }
@@ -166,6 +172,7 @@ impl RedisStore {
             lifetimes,
             timeout,
             acks: None,
+            cluster_mode: Default::default(),
             scripts: std::sync::Arc::new(Scripts {
                 claim: ScriptDef::new(include_str!("claim.lua")),
                 complete: ScriptDef::new(include_str!("complete.lua")),
@@ -225,8 +232,9 @@ impl RedisStore {
         self.bounded(async {
             let mut conn = self.conn.clone();
             let mut by_sha = true;
+            let mut nkeys = call.nkeys;
             loop {
-                let cmd = call.command(by_sha);
+                let cmd = call.command(by_sha, nkeys);
                 let result: RedisResult<(Value, Option<i64>)> = match acks {
                     None => cmd.query_async(&mut conn).await.map(|v| (v, None)),
                     Some(a) => {
@@ -236,7 +244,7 @@ impl RedisStore {
                             .arg(a.replicas)
                             .arg(ms(a.timeout))
                             .ignore_errors();
-                        match p.query_async::<Vec<Value>>(&mut conn).await {
+                        match conn.pipeline_on_key_master(&p, call.keys[0]).await {
                             Ok(mut vals) if vals.len() == 2 => {
                                 let waited = vals.pop().unwrap_or(Value::Nil);
                                 let reply = vals.pop().unwrap_or(Value::Nil);
@@ -261,6 +269,16 @@ impl RedisStore {
                         // This node has not seen the script (new, restarted or promoted):
                         // send it in full once; the node caches it for the next EVALSHA.
                         by_sha = false;
+                    }
+                    Err(e)
+                        if nkeys > 2
+                            && e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) =>
+                    {
+                        // A `redis://` server in cluster mode refused the recent index
+                        // (a script's only optional third key, in a second slot); the
+                        // script did not run: run it without (later calls leave it out).
+                        self.note_cluster_mode("CROSSSLOT");
+                        nkeys = 2;
                     }
                     other => return other,
                 }
@@ -462,6 +480,10 @@ impl Store for RedisStore {
         }))
     }
 
+    fn confirms_completions(&self) -> bool {
+        self.acks.is_some()
+    }
+
     fn log_support(&self) -> crate::deliveries::LogSupport {
         self.log_support_of()
     }
@@ -516,10 +538,9 @@ impl Store for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         let pong = self.bounded(conn.ping()).await?;
-        if bytes_of(&pong) == Some(b"PONG") {
-            Ok(())
-        } else {
-            Err(bad_reply("PING"))
+        if bytes_of(&pong) != Some(b"PONG") {
+            return Err(bad_reply("PING"));
         }
+        self.check_cluster_mode().await
     }
 }

@@ -13,9 +13,19 @@
 //!   asks the Sentinels again.
 //! - no master reachable yet (failover in progress): the lookup is retried with a short
 //!   backoff until the caller's store timeout gives up.
+//!
+//! A master demoted by a planned failover (`SENTINEL FAILOVER`) keeps accepting writes
+//! until Sentinel converts it to a replica, seconds after the promotion, and every
+//! write it took meanwhile is lost when it resyncs. So the connection also follows the
+//! Sentinels' announcements (their pub/sub, see [`watch`]): from the moment a failover
+//! of this master starts (`+try-failover`, before the replica is promoted) no command
+//! is sent, until the replica Sentinel selected says it is master, or `+switch-master`
+//! names the new master (or the failover is aborted, or [`PAUSE_BOUND`] passes); then
+//! commands go to that node. Every connection checks the node's role (`ROLE`), so a
+//! node that no longer says master is never used.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
@@ -40,11 +50,24 @@ struct Inner {
     next_generation: std::sync::atomic::AtomicU64,
     config: AsyncConnectionConfig,
     db: i64,
+    /// Until when commands are held back: a failover of the master is under way.
+    paused_until: Mutex<Option<Instant>>,
+    /// The Sentinels to watch and the master's name; the watchers start with the first
+    /// command (inside the runtime).
+    watch: watch::Watch,
+    watching: std::sync::atomic::AtomicBool,
 }
 
 /// The most lookups one command makes before it reports the error (the store timeout
 /// usually ends it first).
 const MAX_ATTEMPTS: u32 = 20;
+
+/// The longest a failover announcement holds commands back without the `+switch-master`
+/// or abort that ends it (then the master is looked up again).
+pub const PAUSE_BOUND: Duration = Duration::from_secs(10);
+
+/// Follows the Sentinels' announcements.
+mod watch;
 
 impl SentinelConnection {
     pub fn new(target: &SentinelTarget, timeout: Duration) -> RedisResult<SentinelConnection> {
@@ -79,6 +102,9 @@ impl SentinelConnection {
                 next_generation: std::sync::atomic::AtomicU64::new(0),
                 config,
                 db: target.db,
+                paused_until: Mutex::new(None),
+                watch: watch::Watch::new(target),
+                watching: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -100,9 +126,29 @@ impl SentinelConnection {
         if let Some(c) = self.cached() {
             return Ok(c); // another task looked it up while this one waited
         }
-        let conn = client
-            .get_async_connection_with_config(&self.inner.config)
-            .await?;
+        // The master `+switch-master` announced, if any: a Sentinel that has not heard
+        // of the switch yet (they learn it from each other within seconds) would
+        // still name the old master, which says master until it is converted.
+        let announced = self.inner.watch.announced();
+        let direct = match announced {
+            Some((host, port)) => match watch::connect_master(&self.inner, &host, port).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(host = %host, port, error = %e, "the announced master is not usable; asking Sentinel");
+                    self.inner.watch.announce(None);
+                    None
+                }
+            },
+            None => None,
+        };
+        let conn = match direct {
+            Some(c) => c,
+            None => {
+                client
+                    .get_async_connection_with_config(&self.inner.config)
+                    .await?
+            }
+        };
         let generation = self
             .inner
             .next_generation
@@ -122,6 +168,56 @@ impl SentinelConnection {
         }
     }
 
+    /// Drops the current master connection, whatever its generation.
+    fn forget_current(&self, why: &str) {
+        if self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+        {
+            tracing::warn!(
+                reason = why,
+                "dropping the master connection; asking Sentinel again"
+            );
+        }
+    }
+
+    /// Holds commands back from now until `until` (`None`: resume now).
+    fn pause(&self, until: Option<Instant>) {
+        *self
+            .inner
+            .paused_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// Until when commands are held back, if they are.
+    fn paused_until(&self) -> Option<Instant> {
+        *self
+            .inner
+            .paused_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits while a failover is under way (the caller's store timeout bounds it).
+    async fn wait_unpaused(&self) {
+        loop {
+            match self.paused_until() {
+                None => return,
+                Some(t) if Instant::now() >= t => {
+                    self.pause(None);
+                    self.forget_current("a failover was announced and never finished");
+                    return;
+                }
+                Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
     /// Runs `op` on the current master, following the Sentinels as described above.
     async fn run<T, F, Fut>(&self, op: F) -> RedisResult<T>
     where
@@ -129,10 +225,18 @@ impl SentinelConnection {
         Fut: std::future::Future<Output = RedisResult<T>>,
         T: Demotion,
     {
+        if !self
+            .inner
+            .watching
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            watch::start(self);
+        }
         let mut pause = Duration::from_millis(10);
         let mut attempt = 0;
         loop {
             attempt += 1;
+            self.wait_unpaused().await;
             let (generation, conn) = match self.master().await {
                 Ok(c) => c,
                 Err(e) if attempt < MAX_ATTEMPTS => {

@@ -54,6 +54,34 @@ impl Node {
         n
     }
 
+    /// One `redis-server` in cluster mode owning every slot (a one-shard cluster, as a
+    /// managed Redis exposes behind one endpoint), started and `cluster_state:ok`.
+    pub fn single_shard_cluster() -> Node {
+        let mut n = Node::new(
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        );
+        n.start();
+        assert_eq!(n.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]), "OK");
+        poll(
+            Duration::from_secs(10),
+            "the one-shard cluster to be ok",
+            || info_field(&n.cli(&["CLUSTER", "INFO"]), "cluster_state").as_deref() == Some("ok"),
+        );
+        n
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
@@ -296,6 +324,17 @@ impl RedisCluster {
             }
         }
         panic!("no master owns slot {slot}");
+    }
+
+    /// The port of a live replica of the master at `master_port`.
+    pub fn replica_of(&self, master_port: u16) -> u16 {
+        self.live()
+            .find(|n| {
+                n.info("replication", "role").as_deref() == Some("slave")
+                    && n.info("replication", "master_port") == Some(master_port.to_string())
+            })
+            .map(|n| n.port)
+            .expect("a live replica of that master")
     }
 
     /// Keys stored on the node at `port` (SCAN).

@@ -93,7 +93,7 @@ impl RedisStore {
     }
 
     fn is_cluster(&self) -> bool {
-        matches!(self.conn, Connection::Cluster(_))
+        matches!(self.conn, Connection::Cluster(_)) || self.in_cluster_mode()
     }
 
     /// The route's recent index, or None on a Redis Cluster (see the module docs).
