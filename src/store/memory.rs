@@ -80,6 +80,15 @@ impl Entry {
         self.fp.is_some_and(|f| f != *fp)
     }
 
+    /// Records the owner's answer: completed, remembered until `expires_at`.
+    fn complete(&mut self, response: &StoredResponse, expires_at: Instant) {
+        self.status = Status::Completed;
+        self.owner = None;
+        self.response = Some(response.clone());
+        self.last_seen = unix_millis();
+        self.expires_at = expires_at;
+    }
+
     /// Gives the claim up: `released`, or back to `completed` for a replay of a
     /// completed key (or when the caller asks so).
     fn give_up(&mut self, restore: bool) {
@@ -258,11 +267,7 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let retention = self.lifetimes.retention;
         self.owned(key, token, |e, now| {
-            e.status = Status::Completed;
-            e.owner = None;
-            e.response = Some(response.clone());
-            e.last_seen = unix_millis();
-            e.expires_at = later(now, retention);
+            e.complete(response, later(now, retention))
         })
     }
 

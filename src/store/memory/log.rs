@@ -117,11 +117,7 @@ impl MemoryStore {
     ) -> Result<bool, StoreError> {
         let retention = self.lifetimes.retention;
         self.owned(key, token, |e, now| {
-            e.status = Status::Completed;
-            e.owner = None;
-            e.response = Some(response.clone());
-            e.last_seen = unix_millis();
-            e.expires_at = later(now, retention);
+            e.complete(response, later(now, retention));
             Self::note(e, settled);
         })
     }
