@@ -15,15 +15,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::sentinel::SentinelConnection;
+use super::tcp::tcp_settings;
 use super::topology::Topology;
-
-/// TCP settings for every connection to Redis. `TCP_NODELAY` is on: redis-rs leaves it
-/// off by default, and on one multiplexed connection a claim written while the previous
-/// command's bytes are unacknowledged would wait for the ACK (Nagle), adding up to a
-/// delayed-ACK timeout to a delivery (BENCHMARKS.md, "What holds the figures").
-pub fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    redis::io::tcp::TcpSettings::default().set_nodelay(true)
-}
 
 /// A handle to the store's Redis, whatever its deployment.
 #[derive(Clone)]

@@ -16,6 +16,7 @@ pub mod connection;
 pub mod memory;
 pub mod redis;
 pub mod sentinel;
+pub mod tcp;
 pub mod topology;
 
 use std::future::Future;

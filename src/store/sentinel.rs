@@ -78,8 +78,8 @@ impl SentinelConnection {
         let mut b =
             SentinelClientBuilder::new(sentinels, &target.master, SentinelServerType::Master)?
                 .set_client_to_redis_db(target.db)
-                .set_client_to_redis_tcp_settings(super::connection::tcp_settings())
-                .set_client_to_sentinel_tcp_settings(super::connection::tcp_settings());
+                .set_client_to_redis_tcp_settings(super::tcp::tcp_settings())
+                .set_client_to_sentinel_tcp_settings(super::tcp::tcp_settings());
         if let Some(u) = &target.username {
             b = b.set_client_to_redis_username(u);
         }
