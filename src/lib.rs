@@ -4,6 +4,7 @@
 //! lives in its own module (see `gate` for the pipeline itself).
 
 pub mod admin;
+pub mod answer;
 pub mod config;
 pub mod deliveries;
 pub mod demo;

@@ -13,8 +13,9 @@ use hmac::{KeyInit, Mac};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use proptest::prelude::*;
 
+use idemgate::answer::retry_after_secs;
 use idemgate::config::{Config, InFlightPolicy, Secret};
-use idemgate::gate::{Step, decide, retry_after_secs};
+use idemgate::gate::{Step, decide};
 use idemgate::metrics::Outcome;
 use idemgate::providers::Verifier;
 use idemgate::providers::keys::{KeySource, MAX_KEY_LEN, validate_key};

@@ -304,7 +304,7 @@ pub async fn replay<S: Store>(
     let token = match store.claim_logged(key, &fp, None, true).await? {
         Claim::Claimed(t) => t,
         Claim::InFlight { remaining } => {
-            return Err(ReplayError::InFlight(crate::gate::retry_after_secs(
+            return Err(ReplayError::InFlight(crate::answer::retry_after_secs(
                 remaining,
             )));
         }

@@ -3,7 +3,7 @@
 //! could be forwarded again after a failover (the replica that takes over may hold
 //! only the claim); the retry is replayed if the completion survived.
 
-use super::{Answer, Refused, error_answer};
+use crate::answer::{Answer, Refused, error_answer};
 use crate::metrics::Outcome;
 use http::StatusCode;
 

@@ -32,8 +32,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::answer::{Answer, Refused, error_answer};
 use crate::config::{AsyncRoute, Config, RouteMode};
-use crate::gate::{Answer, Refused, error_answer};
 use crate::metrics::{Metrics, Outcome, QueueMetrics};
 use crate::providers::Route;
 use crate::store::{DeliveryKey, StoreError, StoredResponse, Token, unix_millis};

@@ -30,7 +30,7 @@ use crate::gate::Gate;
 use crate::store::Store;
 pub use activity::Activity;
 
-pub type Answer = Response<Full<Bytes>>;
+pub use crate::answer::Answer;
 
 /// The session cookie's name.
 const COOKIE: &str = "idemgate_session";

@@ -1,0 +1,212 @@
+//! The answers idemgate gives itself, and how an upstream or stored answer is passed
+//! back: one place for the shape of every answer, used by the gate, the async queue's
+//! acknowledgement and the operator replay. A leaf: it names no pipeline module.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use crate::metrics::Outcome;
+use crate::providers::{KeyError, Refusal, Rejection};
+use crate::store::StoredResponse;
+use crate::upstream::{self, UpstreamError, UpstreamResponse};
+
+/// An HTTP answer with its whole body in memory.
+pub type Answer = Response<Full<Bytes>>;
+
+/// The header that marks an answer replayed from the store.
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// An answer that is not the upstream's: an outcome, a status and a short reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub outcome: Outcome,
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<u64>,
+}
+
+impl Refused {
+    pub fn new(
+        outcome: Outcome,
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Refused {
+            outcome,
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs.max(1));
+        self
+    }
+}
+
+/// `Retry-After` for a copy in flight: the claimer's remaining lease, rounded up to
+/// whole seconds, at least 1.
+pub fn retry_after_secs(remaining: Duration) -> u64 {
+    remaining.as_millis().div_ceil(1000).max(1) as u64
+}
+
+/// The refusal for a failed signature or key check.
+pub fn refusal(r: &Refusal) -> Refused {
+    match r {
+        Refusal::Signature(Rejection::Malformed(m)) => Refused::new(
+            Outcome::BadRequest,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            *m,
+        ),
+        Refusal::Signature(Rejection::Invalid(m)) => Refused::new(
+            Outcome::InvalidSignature,
+            StatusCode::UNAUTHORIZED,
+            "invalid_signature",
+            *m,
+        ),
+        Refusal::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => Refused::new(
+            Outcome::BadRequest,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            k.to_string(),
+        ),
+    }
+}
+
+/// The refusal for an upstream call that failed (unreachable, too large, timed out).
+pub fn upstream_refusal(e: &UpstreamError) -> Refused {
+    match e {
+        UpstreamError::Unreachable(_) => Refused::new(
+            Outcome::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            "upstream_unreachable",
+            "the application could not be reached",
+        ),
+        UpstreamError::TooLarge => Refused::new(
+            Outcome::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            "upstream_response_too_large",
+            "the application's answer exceeded max_response",
+        ),
+        UpstreamError::Timeout => Refused::new(
+            Outcome::UpstreamError,
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "the application did not answer within upstream_timeout",
+        ),
+    }
+}
+
+/// A short JSON error answer.
+pub fn error_answer(r: &Refused) -> Answer {
+    let body = serde_json::json!({ "error": r.code, "message": r.message }).to_string();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = r.status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(secs) = r.retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if r.status == StatusCode::PAYLOAD_TOO_LARGE || r.status == StatusCode::REQUEST_TIMEOUT {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// The upstream's answer, passed back to the provider.
+pub fn upstream_answer(r: UpstreamResponse) -> Answer {
+    let mut resp = Response::new(Full::new(r.body));
+    *resp.status_mut() = r.status;
+    *resp.headers_mut() = r.headers;
+    resp
+}
+
+/// A stored answer, replayed and marked so.
+pub fn replay_answer(stored: StoredResponse) -> Answer {
+    let mut resp = Response::new(Full::new(stored.body));
+    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    upstream::decode_headers(&stored.headers, resp.headers_mut());
+    resp.headers_mut().remove(header::CONTENT_LENGTH);
+    resp.headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: Bytes::from_static(b"x-a: 1\r\ncontent-length: 2\r\n"),
+            body: Bytes::from_static(b"ok"),
+        }
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn refusals_map_to_one_status_each() {
+        let r = refusal(&Refusal::Signature(Rejection::Malformed("m")));
+        assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, "bad_request"));
+        let r = refusal(&Refusal::Signature(Rejection::Invalid("i")));
+        assert_eq!(
+            (r.status, r.code),
+            (StatusCode::UNAUTHORIZED, "invalid_signature")
+        );
+        let r = refusal(&Refusal::Key(KeyError::Missing("header x".into())));
+        assert_eq!(
+            (r.status, r.outcome),
+            (StatusCode::BAD_REQUEST, Outcome::BadRequest)
+        );
+        let r = upstream_refusal(&UpstreamError::Timeout);
+        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+        let r = upstream_refusal(&UpstreamError::Unreachable("x".into()));
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    }
+
+    #[test]
+    fn replayed_answers_are_marked_and_keep_status_headers_body() {
+        let a = replay_answer(stored());
+        assert_eq!(a.status(), StatusCode::CREATED);
+        assert_eq!(a.headers()["idempotent-replayed"], "true");
+        assert_eq!(a.headers()["x-a"], "1");
+        assert!(a.headers().get("content-length").is_none());
+    }
+
+    #[test]
+    fn error_answers_are_short_json() {
+        let r = Refused::new(
+            Outcome::TooLarge,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "big",
+        );
+        let a = error_answer(&r);
+        assert_eq!(a.headers()["connection"], "close");
+        assert_eq!(a.headers()["content-type"], "application/json");
+        let r =
+            Refused::new(Outcome::InFlight, StatusCode::CONFLICT, "in_flight", "x").retry_after(0);
+        assert_eq!(error_answer(&r).headers()["retry-after"], "1");
+    }
+}
