@@ -28,6 +28,7 @@ use crate::answer::{
     Answer, Refused, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
     upstream_refusal,
 };
+use crate::store::lease::{self, LeaseEvent};
 
 struct RouteEntry {
     route: Route,
@@ -527,31 +528,17 @@ impl<S: Store> Gate<S> {
     ) -> (Outcome, Answer) {
         let pq = upstream_path(route, parts);
         let t = Instant::now();
-        let call = self
-            .upstream
-            .forward(self.outgoing(parts, body, &pq, upstream_key));
-        let mut lost = false;
-        let result = {
-            tokio::pin!(call);
-            let period = (self.lease / 3).max(Duration::from_millis(10));
-            let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    r = &mut call => break r,
-                    _ = renew.tick(), if !lost => {
-                        match self.timed(StoreOp::Renew, self.store.renew(key, token)).await {
-                            Ok(true) => {}
-                            Ok(false) => {
-                                lost = true;
-                                tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran");
-                            }
-                            Err(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
-                        }
-                    }
-                }
-            }
-        };
+        let result = lease::renewing(
+            self.lease,
+            || self.timed(StoreOp::Renew, self.store.renew(key, token)),
+            self.upstream
+                .forward(self.outgoing(parts, body, &pq, upstream_key)),
+            |event| match event {
+                LeaseEvent::Lost => tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran"),
+                LeaseEvent::Failed(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
+            },
+        )
+        .await;
         rm.upstream.observe(t.elapsed().as_secs_f64());
         let settled = crate::deliveries::Settled {
             outcome: "forwarded",

@@ -13,6 +13,7 @@
 
 pub mod breaker;
 pub mod connection;
+pub mod lease;
 pub mod memory;
 pub mod redis;
 pub mod sentinel;
