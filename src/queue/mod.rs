@@ -36,6 +36,7 @@ use crate::answer::{Answer, Refused, error_answer};
 use crate::config::{AsyncRoute, Config, RouteMode};
 use crate::metrics::{Metrics, Outcome, QueueMetrics};
 use crate::providers::Route;
+use crate::store::lease::{self, LeaseEvent};
 use crate::store::{DeliveryKey, StoreError, StoredResponse, Token, unix_millis};
 use crate::upstream::{self, Outgoing, Upstream};
 
@@ -789,20 +790,12 @@ impl AsyncMode {
             authority: None,
             idempotency_key: None,
         });
-        tokio::pin!(call);
-        let period = (self.lease / 3).max(Duration::from_millis(10));
-        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                r = &mut call => return r,
-                _ = renew.tick() => {
-                    if let Ok(false) = self.backend.renew(key, token).await {
-                        tracing::warn!(route = &*state.route.name, key = %key.key, "delivery claim lost while the upstream call ran");
-                    }
-                }
-            }
-        }
+        let route = &*state.route.name;
+        lease::renewing(self.lease, || self.backend.renew(key, token), call, |event| match event {
+            LeaseEvent::Lost => tracing::warn!(route, key = %key.key, "delivery claim lost while the upstream call ran"),
+            LeaseEvent::Failed(e) => tracing::warn!(route, key = %key.key, error = %e, "renewing the delivery claim failed"),
+        })
+        .await
     }
 
     /// Acknowledges a delivered entry, retrying briefly (an unacknowledged one would be
