@@ -30,6 +30,17 @@ use crate::answer::{
 };
 use crate::store::lease::{self, LeaseEvent};
 
+/// A delivery whose key this gate has claimed: what forwarding and settling it needs.
+struct Delivery<'a> {
+    route: &'a Route,
+    rm: &'a RouteMetrics,
+    parts: &'a http::request::Parts,
+    body: Bytes,
+    key: &'a DeliveryKey,
+    upstream_key: Option<HeaderValue>,
+    token: Token,
+}
+
 struct RouteEntry {
     route: Route,
     metrics: RouteMetrics,
@@ -384,9 +395,16 @@ impl<S: Store> Gate<S> {
                     return (r.outcome, error_answer(&r));
                 }
                 Step::Forward(token) => {
-                    return self
-                        .forward_and_settle(route, rm, &parts, body, &dkey, upstream_key, token)
-                        .await;
+                    let delivery = Delivery {
+                        route,
+                        rm,
+                        parts: &parts,
+                        body,
+                        key: &dkey,
+                        upstream_key,
+                        token,
+                    };
+                    return self.forward_and_settle(delivery).await;
                 }
                 Step::Replay(stored) => return (Outcome::Replayed, replay_answer(stored)),
                 Step::Refuse(r) => return (r.outcome, error_answer(&r)),
@@ -515,17 +533,16 @@ impl<S: Store> Gate<S> {
 
     /// Forwards a claimed delivery while renewing its lease, then completes (2xx) or
     /// releases (anything else) the claim.
-    #[allow(clippy::too_many_arguments)]
-    async fn forward_and_settle(
-        &self,
-        route: &Route,
-        rm: &RouteMetrics,
-        parts: &http::request::Parts,
-        body: Bytes,
-        key: &DeliveryKey,
-        upstream_key: Option<HeaderValue>,
-        token: Token,
-    ) -> (Outcome, Answer) {
+    async fn forward_and_settle(&self, delivery: Delivery<'_>) -> (Outcome, Answer) {
+        let Delivery {
+            route,
+            rm,
+            parts,
+            body,
+            key,
+            upstream_key,
+            token,
+        } = delivery;
         let pq = upstream_path(route, parts);
         let t = Instant::now();
         let result = lease::renewing(

@@ -292,6 +292,16 @@ struct AsyncRouteState {
     metrics: QueueMetrics,
 }
 
+/// One attempt's hold on a queued delivery: the entry and the key's claim it works under.
+#[derive(Clone, Copy)]
+struct Held<'a> {
+    state: &'a AsyncRouteState,
+    id: &'a str,
+    entry: &'a QueueEntry,
+    key: &'a DeliveryKey,
+    token: Token,
+}
+
 /// Async mode for every async route of one sidecar: see the module documentation.
 pub struct AsyncMode {
     backend: Arc<dyn QueueBackend>,
@@ -695,6 +705,13 @@ impl AsyncMode {
                     continue;
                 }
             };
+            let held = Held {
+                state,
+                id,
+                entry: &entry,
+                key: &key,
+                token,
+            };
             let age = Duration::from_millis(unix_millis().saturating_sub(entry.received_at));
             if attempt > u64::from(cfg.max_attempts) || age > cfg.max_age {
                 if last_error.is_empty() {
@@ -707,12 +724,11 @@ impl AsyncMode {
                         "max_attempts exhausted".to_string()
                     };
                 }
-                self.bury(state, id, &entry, &key, token, attempt - 1, &last_error)
-                    .await;
+                self.bury(&held, attempt - 1, &last_error).await;
                 return;
             }
             let started = Instant::now();
-            let result = self.forward(state, &entry, &key, token).await;
+            let result = self.forward(&held).await;
             let took = started.elapsed();
             state.metrics.delivery_duration.observe(took.as_secs_f64());
             match result {
@@ -754,8 +770,7 @@ impl AsyncMode {
                     };
                     tracing::info!(route, key = %key.key, attempt, error = %last_error, "queued delivery attempt failed");
                     if attempt >= u64::from(cfg.max_attempts) {
-                        self.bury(state, id, &entry, &key, token, attempt, &last_error)
-                            .await;
+                        self.bury(&held, attempt, &last_error).await;
                         return;
                     }
                     if let Err(e) = self.backend.unlock(&key, token).await {
@@ -773,11 +788,15 @@ impl AsyncMode {
     /// Forwards an entry while renewing the key's claim.
     async fn forward(
         &self,
-        state: &AsyncRouteState,
-        entry: &QueueEntry,
-        key: &DeliveryKey,
-        token: Token,
+        held: &Held<'_>,
     ) -> Result<upstream::UpstreamResponse, upstream::UpstreamError> {
+        let Held {
+            state,
+            entry,
+            key,
+            token,
+            ..
+        } = *held;
         let method = Method::from_bytes(entry.method.as_bytes()).unwrap_or(Method::POST);
         let mut headers = HeaderMap::new();
         upstream::decode_headers(&entry.headers, &mut headers);
@@ -814,17 +833,14 @@ impl AsyncMode {
 
     /// Moves an exhausted entry to the dead-letter stream and releases its key, so a
     /// later copy from the provider is queued again.
-    #[allow(clippy::too_many_arguments)]
-    async fn bury(
-        &self,
-        state: &AsyncRouteState,
-        id: &str,
-        entry: &QueueEntry,
-        key: &DeliveryKey,
-        token: Token,
-        attempts: u64,
-        last_error: &str,
-    ) {
+    async fn bury(&self, held: &Held<'_>, attempts: u64, last_error: &str) {
+        let Held {
+            state,
+            id,
+            entry,
+            key,
+            token,
+        } = *held;
         let route: &str = &state.route.name;
         match self
             .backend
