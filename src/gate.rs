@@ -19,7 +19,7 @@ use crate::config::{Config, InFlightPolicy, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
 use crate::providers::{self, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
-use crate::upstream::{self, Outgoing, Upstream};
+use crate::upstream::{Outgoing, Upstream};
 
 /// The answer to a completion replicas did not confirm.
 mod unconfirmed;
@@ -347,7 +347,7 @@ impl<S: Store> Gate<S> {
         let kept = if self.console.keeps_payload(&route.name) {
             crate::deliveries::KeptRequest::capture(
                 &parts.method,
-                &upstream_path(route, &parts),
+                &route.upstream_target(parts.uri.path(), parts.uri.query()),
                 &parts.headers,
                 upstream_key.as_ref(),
                 &body,
@@ -513,7 +513,7 @@ impl<S: Store> Gate<S> {
                 (r.outcome, error_answer(&r))
             }
             OnStoreError::Pass => {
-                let pq = upstream_path(route, parts);
+                let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
                 let t = Instant::now();
                 let result = self
                     .upstream
@@ -543,7 +543,7 @@ impl<S: Store> Gate<S> {
             upstream_key,
             token,
         } = delivery;
-        let pq = upstream_path(route, parts);
+        let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
         let t = Instant::now();
         let result = lease::renewing(
             self.lease,
@@ -566,11 +566,7 @@ impl<S: Store> Gate<S> {
 
         match result {
             Ok(resp) if route.success.completes(resp.status, &resp.body) => {
-                let stored = StoredResponse {
-                    status: resp.status.as_u16(),
-                    headers: upstream::encode_headers(&resp.headers),
-                    body: resp.body.clone(),
-                };
+                let stored = StoredResponse::from(&resp);
                 match self
                     .timed(
                         StoreOp::Complete,
@@ -620,16 +616,6 @@ impl<S: Store> Gate<S> {
                 }
             }
         }
-    }
-}
-
-/// The path and query to request upstream: the original, or the route's
-/// `upstream_path` with the original query.
-fn upstream_path(route: &Route, parts: &http::request::Parts) -> String {
-    let path = route.upstream_path.as_deref().unwrap_or(parts.uri.path());
-    match parts.uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
     }
 }
 

@@ -333,11 +333,7 @@ pub async fn replay<S: Store>(
     let latency_ms = started.elapsed().as_millis() as u64;
     match result {
         Ok(resp) if resp.status.is_success() => {
-            let stored = StoredResponse {
-                status: resp.status.as_u16(),
-                headers: upstream::encode_headers(&resp.headers),
-                body: resp.body,
-            };
+            let stored = StoredResponse::from(&resp);
             let settled = Settled {
                 outcome: "operator_replay",
                 upstream_status: Some(stored.status),

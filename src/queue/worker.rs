@@ -10,7 +10,6 @@ use http::{HeaderMap, Method};
 use tokio::sync::Semaphore;
 
 use super::{AsyncMode, AsyncRouteState, Lock, QueueEntry, backoff_delay};
-use crate::providers::Route;
 use crate::store::lease::{self, LeaseEvent};
 use crate::store::{DeliveryKey, StoredResponse, Token, unix_millis};
 use crate::upstream::{self, Outgoing};
@@ -260,11 +259,7 @@ impl AsyncMode {
             match result {
                 Ok(resp) if state.route.success.completes(resp.status, &resp.body) => {
                     state.metrics.attempts_ok.inc();
-                    let stored = StoredResponse {
-                        status: resp.status.as_u16(),
-                        headers: upstream::encode_headers(&resp.headers),
-                        body: resp.body,
-                    };
+                    let stored = StoredResponse::from(&resp);
                     let mut recorded = false;
                     for _ in 0..3 {
                         match self.backend.complete(&key, token, &stored).await {
@@ -326,7 +321,11 @@ impl AsyncMode {
         let method = Method::from_bytes(entry.method.as_bytes()).unwrap_or(Method::POST);
         let mut headers = HeaderMap::new();
         upstream::decode_headers(&entry.headers, &mut headers);
-        let pq = upstream_target(&state.route, &entry.path);
+        let (path, query) = match entry.path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (entry.path.as_str(), None),
+        };
+        let pq = state.route.upstream_target(path, query);
         let call = self.upstream.forward(Outgoing {
             method: &method,
             path_and_query: &pq,
@@ -395,19 +394,5 @@ impl AsyncMode {
                 }
             }
         }
-    }
-}
-
-/// The path and query to request upstream for a queued delivery: the provider's, or
-/// the route's `upstream_path` with the provider's query.
-fn upstream_target(route: &Route, path_and_query: &str) -> String {
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_and_query, None),
-    };
-    let path = route.upstream_path.as_deref().unwrap_or(path);
-    match query {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
     }
 }

@@ -69,6 +69,17 @@ pub struct StoredResponse {
     pub body: Bytes,
 }
 
+/// The one conversion from what the upstream answered to what is stored for replay.
+impl From<&crate::upstream::UpstreamResponse> for StoredResponse {
+    fn from(resp: &crate::upstream::UpstreamResponse) -> Self {
+        StoredResponse {
+            status: resp.status.as_u16(),
+            headers: crate::upstream::encode_headers(&resp.headers),
+            body: resp.body.clone(),
+        }
+    }
+}
+
 /// The outcome of a claim attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
