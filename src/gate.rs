@@ -19,7 +19,7 @@ use crate::config::{Config, InFlightPolicy, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
 use crate::providers::{self, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
-use crate::upstream::{self, Outgoing, Upstream};
+use crate::upstream::{Outgoing, Upstream};
 
 /// The answer to a completion replicas did not confirm.
 mod unconfirmed;
@@ -28,6 +28,18 @@ use crate::answer::{
     Answer, Refused, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
     upstream_refusal,
 };
+use crate::store::lease::{self, LeaseEvent};
+
+/// A delivery whose key this gate has claimed: what forwarding and settling it needs.
+struct Delivery<'a> {
+    route: &'a Route,
+    rm: &'a RouteMetrics,
+    parts: &'a http::request::Parts,
+    body: Bytes,
+    key: &'a DeliveryKey,
+    upstream_key: Option<HeaderValue>,
+    token: Token,
+}
 
 struct RouteEntry {
     route: Route,
@@ -335,7 +347,7 @@ impl<S: Store> Gate<S> {
         let kept = if self.console.keeps_payload(&route.name) {
             crate::deliveries::KeptRequest::capture(
                 &parts.method,
-                &upstream_path(route, &parts),
+                &route.upstream_target(parts.uri.path(), parts.uri.query()),
                 &parts.headers,
                 upstream_key.as_ref(),
                 &body,
@@ -383,9 +395,16 @@ impl<S: Store> Gate<S> {
                     return (r.outcome, error_answer(&r));
                 }
                 Step::Forward(token) => {
-                    return self
-                        .forward_and_settle(route, rm, &parts, body, &dkey, upstream_key, token)
-                        .await;
+                    let delivery = Delivery {
+                        route,
+                        rm,
+                        parts: &parts,
+                        body,
+                        key: &dkey,
+                        upstream_key,
+                        token,
+                    };
+                    return self.forward_and_settle(delivery).await;
                 }
                 Step::Replay(stored) => return (Outcome::Replayed, replay_answer(stored)),
                 Step::Refuse(r) => return (r.outcome, error_answer(&r)),
@@ -494,7 +513,7 @@ impl<S: Store> Gate<S> {
                 (r.outcome, error_answer(&r))
             }
             OnStoreError::Pass => {
-                let pq = upstream_path(route, parts);
+                let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
                 let t = Instant::now();
                 let result = self
                     .upstream
@@ -514,44 +533,29 @@ impl<S: Store> Gate<S> {
 
     /// Forwards a claimed delivery while renewing its lease, then completes (2xx) or
     /// releases (anything else) the claim.
-    #[allow(clippy::too_many_arguments)]
-    async fn forward_and_settle(
-        &self,
-        route: &Route,
-        rm: &RouteMetrics,
-        parts: &http::request::Parts,
-        body: Bytes,
-        key: &DeliveryKey,
-        upstream_key: Option<HeaderValue>,
-        token: Token,
-    ) -> (Outcome, Answer) {
-        let pq = upstream_path(route, parts);
+    async fn forward_and_settle(&self, delivery: Delivery<'_>) -> (Outcome, Answer) {
+        let Delivery {
+            route,
+            rm,
+            parts,
+            body,
+            key,
+            upstream_key,
+            token,
+        } = delivery;
+        let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
         let t = Instant::now();
-        let call = self
-            .upstream
-            .forward(self.outgoing(parts, body, &pq, upstream_key));
-        let mut lost = false;
-        let result = {
-            tokio::pin!(call);
-            let period = (self.lease / 3).max(Duration::from_millis(10));
-            let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    r = &mut call => break r,
-                    _ = renew.tick(), if !lost => {
-                        match self.timed(StoreOp::Renew, self.store.renew(key, token)).await {
-                            Ok(true) => {}
-                            Ok(false) => {
-                                lost = true;
-                                tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran");
-                            }
-                            Err(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
-                        }
-                    }
-                }
-            }
-        };
+        let result = lease::renewing(
+            self.lease,
+            || self.timed(StoreOp::Renew, self.store.renew(key, token)),
+            self.upstream
+                .forward(self.outgoing(parts, body, &pq, upstream_key)),
+            |event| match event {
+                LeaseEvent::Lost => tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran"),
+                LeaseEvent::Failed(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
+            },
+        )
+        .await;
         rm.upstream.observe(t.elapsed().as_secs_f64());
         let settled = crate::deliveries::Settled {
             outcome: "forwarded",
@@ -562,11 +566,7 @@ impl<S: Store> Gate<S> {
 
         match result {
             Ok(resp) if route.success.completes(resp.status, &resp.body) => {
-                let stored = StoredResponse {
-                    status: resp.status.as_u16(),
-                    headers: upstream::encode_headers(&resp.headers),
-                    body: resp.body.clone(),
-                };
+                let stored = StoredResponse::from(&resp);
                 match self
                     .timed(
                         StoreOp::Complete,
@@ -616,16 +616,6 @@ impl<S: Store> Gate<S> {
                 }
             }
         }
-    }
-}
-
-/// The path and query to request upstream: the original, or the route's
-/// `upstream_path` with the original query.
-fn upstream_path(route: &Route, parts: &http::request::Parts) -> String {
-    let path = route.upstream_path.as_deref().unwrap_or(parts.uri.path());
-    match parts.uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
     }
 }
 

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Method};
 
 use crate::providers::Fingerprint;
-use crate::store::{Claim, DeliveryKey, Status, Store, StoreError, StoredResponse, Token};
+use crate::store::lease::{self, LeaseEvent};
+use crate::store::{Claim, DeliveryKey, Status, Store, StoreError, StoredResponse};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError};
 
 /// Largest request kept for replay (headers + body); larger ones are logged without it.
@@ -316,27 +317,23 @@ pub async fn replay<S: Store>(
     let mut headers = HeaderMap::new();
     upstream::decode_headers(&req.headers, &mut headers);
     let started = Instant::now();
-    let result = forward_renewing(store, upstream, key, token, lease, async {
-        upstream
-            .forward(Outgoing {
-                method: &method,
-                path_and_query: &req.path,
-                headers: &headers,
-                body: req.body.clone(),
-                authority: None,
-                idempotency_key: None,
-            })
-            .await
+    let call = upstream.forward(Outgoing {
+        method: &method,
+        path_and_query: &req.path,
+        headers: &headers,
+        body: req.body.clone(),
+        authority: None,
+        idempotency_key: None,
+    });
+    let result = lease::renewing(lease, || store.renew(key, token), call, |event| match event {
+        LeaseEvent::Lost => tracing::warn!(route = &*key.route, key = %key.key, "lease lost while a replay ran"),
+        LeaseEvent::Failed(e) => tracing::warn!(route = &*key.route, key = %key.key, error = %e, "lease renewal failed while a replay ran"),
     })
     .await;
     let latency_ms = started.elapsed().as_millis() as u64;
     match result {
         Ok(resp) if resp.status.is_success() => {
-            let stored = StoredResponse {
-                status: resp.status.as_u16(),
-                headers: upstream::encode_headers(&resp.headers),
-                body: resp.body,
-            };
+            let stored = StoredResponse::from(&resp);
             let settled = Settled {
                 outcome: "operator_replay",
                 upstream_status: Some(stored.status),
@@ -375,30 +372,6 @@ pub async fn replay<S: Store>(
                 recorded: false,
                 latency_ms,
             })
-        }
-    }
-}
-
-/// Runs `call` while renewing `token`'s lease every third of it.
-async fn forward_renewing<S: Store, T>(
-    store: &S,
-    _upstream: &Upstream,
-    key: &DeliveryKey,
-    token: Token,
-    lease: Duration,
-    call: impl std::future::Future<Output = T>,
-) -> T {
-    tokio::pin!(call);
-    let period = (lease / 3).max(Duration::from_millis(10));
-    let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    loop {
-        tokio::select! {
-            r = &mut call => return r,
-            _ = renew.tick() => {
-                if let Ok(false) = store.renew(key, token).await {
-                    tracing::warn!(route = &*key.route, key = %key.key, "lease lost while a replay ran");
-                }
-            }
         }
     }
 }

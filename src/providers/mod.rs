@@ -12,6 +12,7 @@ pub mod keys;
 pub mod rsa_key;
 pub mod standard;
 pub mod stripe;
+mod target;
 pub mod twilio;
 pub mod wechatpay;
 

@@ -13,6 +13,7 @@
 
 pub mod breaker;
 pub mod connection;
+pub mod lease;
 pub mod memory;
 pub mod redis;
 pub mod sentinel;
@@ -66,6 +67,17 @@ pub struct StoredResponse {
     pub status: u16,
     pub headers: Bytes,
     pub body: Bytes,
+}
+
+/// The one conversion from what the upstream answered to what is stored for replay.
+impl From<&crate::upstream::UpstreamResponse> for StoredResponse {
+    fn from(resp: &crate::upstream::UpstreamResponse) -> Self {
+        StoredResponse {
+            status: resp.status.as_u16(),
+            headers: crate::upstream::encode_headers(&resp.headers),
+            body: resp.body.clone(),
+        }
+    }
 }
 
 /// The outcome of a claim attempt.

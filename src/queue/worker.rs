@@ -1,0 +1,398 @@
+//! The delivery loop: one worker per async route takes entries (taken-over ones
+//! first), forwards each under its key's claim, retries with backoff, and moves the
+//! exhausted ones to the dead-letter stream.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, Method};
+use tokio::sync::Semaphore;
+
+use super::{AsyncMode, AsyncRouteState, Lock, QueueEntry, backoff_delay};
+use crate::store::lease::{self, LeaseEvent};
+use crate::store::{DeliveryKey, StoredResponse, Token, unix_millis};
+use crate::upstream::{self, Outgoing};
+
+/// How many entries one route's worker holds at once (in delivery or backing off).
+const IN_HAND: usize = 32;
+
+/// How often an idle worker looks for new entries.
+const POLL: Duration = Duration::from_millis(50);
+
+/// One attempt's hold on a queued delivery: the entry and the key's claim it works under.
+#[derive(Clone, Copy)]
+struct Held<'a> {
+    state: &'a AsyncRouteState,
+    id: &'a str,
+    entry: &'a QueueEntry,
+    key: &'a DeliveryKey,
+    token: Token,
+}
+
+impl AsyncMode {
+    /// Samples the queue into the metrics, once a second.
+    pub(super) async fn sample(&self, state: Arc<AsyncRouteState>) {
+        let m = &state.metrics;
+        loop {
+            match self.backend.stats(&state.route.name).await {
+                Ok(s) => {
+                    m.depth.set(s.depth as i64);
+                    m.pending.set(s.pending as i64);
+                    m.dead_letter_size.set(s.dead_letters as i64);
+                    let age = s
+                        .oldest_ms
+                        .map(|t| unix_millis().saturating_sub(t) as f64 / 1000.0)
+                        .unwrap_or(0.0);
+                    m.oldest_age.set(age);
+                }
+                Err(e) => {
+                    tracing::debug!(route = &*state.route.name, error = %e, "queue stats failed")
+                }
+            }
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// One route's worker: takes entries (taken-over ones first, then new ones) while
+    /// it has room, and delivers each in its own task.
+    pub(super) async fn work(self: Arc<Self>, state: Arc<AsyncRouteState>) {
+        let route: &str = &state.route.name;
+        while let Err(e) = self.backend.ensure_group(route).await {
+            tracing::warn!(route, error = %e, "cannot create the queue's consumer group; retrying");
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        let in_hand: Arc<Mutex<HashSet<String>>> = Arc::default();
+        self.tasks
+            .spawn(self.clone().keep_alive(state.clone(), in_hand.clone()));
+        let room = Arc::new(Semaphore::new(IN_HAND));
+        let mut last_takeover: Option<Instant> = None;
+        loop {
+            let first = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                p = room.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            };
+            let mut permits = vec![first];
+            while let Ok(p) = room.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            let mut read = Vec::new();
+            let mut failed = None;
+            if last_takeover.is_none_or(|t| t.elapsed() >= self.claim_idle / 2) {
+                match self
+                    .backend
+                    .take_over(route, &self.consumer, self.claim_idle, permits.len())
+                    .await
+                {
+                    Ok(r) => {
+                        last_takeover = Some(Instant::now());
+                        if !r.is_empty() {
+                            tracing::info!(
+                                route,
+                                entries = r.len(),
+                                "took over entries of a consumer presumed dead"
+                            );
+                        }
+                        read = r;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if read.is_empty() && failed.is_none() {
+                match self
+                    .backend
+                    .read_new(route, &self.consumer, permits.len())
+                    .await
+                {
+                    Ok(r) => read = r,
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
+                tracing::warn!(route, error = %e, "reading the queue failed");
+                if e.to_string().contains("NOGROUP") {
+                    let _ = self.backend.ensure_group(route).await;
+                }
+            }
+            // Entries this worker already holds (an XAUTOCLAIM racing its own refresh).
+            read.retain(|(id, _)| !in_hand.lock().map(|h| h.contains(id)).unwrap_or(true));
+            if read.is_empty() {
+                drop(permits);
+                tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    _ = tokio::time::sleep(POLL) => {}
+                }
+                continue;
+            }
+            for (id, entry) in read {
+                let Some(permit) = permits.pop() else { break };
+                if let Ok(mut h) = in_hand.lock() {
+                    h.insert(id.clone());
+                }
+                let this = self.clone();
+                let state = state.clone();
+                let in_hand = in_hand.clone();
+                self.tasks.spawn(async move {
+                    match entry {
+                        Some(entry) => this.deliver(&state, &id, entry).await,
+                        None => {
+                            tracing::error!(
+                                route = &*state.route.name,
+                                id,
+                                "malformed queue entry dropped"
+                            );
+                            let _ = this.backend.done(&state.route.name, &id).await;
+                        }
+                    }
+                    if let Ok(mut h) = in_hand.lock() {
+                        h.remove(&id);
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+
+    /// Refreshes this consumer's hold on its entries in hand every `claim_idle / 3`, so
+    /// that only a dead consumer's entries are taken over.
+    async fn keep_alive(
+        self: Arc<Self>,
+        state: Arc<AsyncRouteState>,
+        in_hand: Arc<Mutex<HashSet<String>>>,
+    ) {
+        let period = (self.claim_idle / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            let ids: Vec<String> = in_hand
+                .lock()
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default();
+            if ids.is_empty() {
+                continue;
+            }
+            if let Err(e) = self
+                .backend
+                .keep(&state.route.name, &self.consumer, &ids)
+                .await
+            {
+                tracing::warn!(route = &*state.route.name, error = %e, "refreshing entries in hand failed");
+            }
+        }
+    }
+
+    /// Sleeps `d`, or less when shutting down; false when shutting down.
+    async fn pause(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+
+    /// Delivers one entry: attempts until the upstream completes it, or it is dead.
+    async fn deliver(&self, state: &AsyncRouteState, id: &str, entry: QueueEntry) {
+        let route: &str = &state.route.name;
+        let cfg = &state.cfg;
+        let key = DeliveryKey::new(state.route.name.clone(), entry.key.clone());
+        let mut last_error = String::new();
+        loop {
+            if self.stop.is_cancelled() {
+                return; // left pending: taken over by another consumer
+            }
+            let (token, attempt) = match self.backend.lock(&key, id, cfg.max_age).await {
+                Ok(Lock::Claimed { token, attempt }) => (token, attempt),
+                Ok(Lock::Completed) => {
+                    self.finish(route, id).await;
+                    return;
+                }
+                Ok(Lock::Busy) => {
+                    if !self
+                        .pause(cfg.backoff.min(Duration::from_millis(500)))
+                        .await
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(route, key = %key.key, error = %e, "queue: taking the key failed");
+                    if !self.pause(Duration::from_secs(1)).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let held = Held {
+                state,
+                id,
+                entry: &entry,
+                key: &key,
+                token,
+            };
+            let age = Duration::from_millis(unix_millis().saturating_sub(entry.received_at));
+            if attempt > u64::from(cfg.max_attempts) || age > cfg.max_age {
+                if last_error.is_empty() {
+                    last_error = if age > cfg.max_age {
+                        format!(
+                            "max_age ({}) exceeded",
+                            humantime::format_duration(cfg.max_age)
+                        )
+                    } else {
+                        "max_attempts exhausted".to_string()
+                    };
+                }
+                self.bury(&held, attempt - 1, &last_error).await;
+                return;
+            }
+            let started = Instant::now();
+            let result = self.forward(&held).await;
+            let took = started.elapsed();
+            state.metrics.delivery_duration.observe(took.as_secs_f64());
+            match result {
+                Ok(resp) if state.route.success.completes(resp.status, &resp.body) => {
+                    state.metrics.attempts_ok.inc();
+                    let stored = StoredResponse::from(&resp);
+                    let mut recorded = false;
+                    for _ in 0..3 {
+                        match self.backend.complete(&key, token, &stored).await {
+                            Ok(owned) => {
+                                recorded = owned;
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(route, key = %key.key, error = %e, "recording completion failed; retrying");
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                    if !recorded {
+                        // Not acknowledged: left pending, taken over after claim_idle
+                        // and found completed, or delivered again (at least once).
+                        tracing::warn!(route, key = %key.key, "completion not recorded (claim lost or store failing); the entry stays pending");
+                        return;
+                    }
+                    self.finish(route, id).await;
+                    tracing::info!(route, key = %key.key, attempt, status = stored.status, duration_ms = took.as_secs_f64() * 1000.0, "queued delivery completed");
+                    return;
+                }
+                other => {
+                    state.metrics.attempts_failed.inc();
+                    last_error = match other {
+                        Ok(resp) => format!("upstream answered {}", resp.status.as_u16()),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::info!(route, key = %key.key, attempt, error = %last_error, "queued delivery attempt failed");
+                    if attempt >= u64::from(cfg.max_attempts) {
+                        self.bury(&held, attempt, &last_error).await;
+                        return;
+                    }
+                    if let Err(e) = self.backend.unlock(&key, token).await {
+                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
+                    }
+                    let wait = backoff_delay(cfg, attempt, rand::random::<f64>());
+                    if !self.pause(wait).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forwards an entry while renewing the key's claim.
+    async fn forward(
+        &self,
+        held: &Held<'_>,
+    ) -> Result<upstream::UpstreamResponse, upstream::UpstreamError> {
+        let Held {
+            state,
+            entry,
+            key,
+            token,
+            ..
+        } = *held;
+        let method = Method::from_bytes(entry.method.as_bytes()).unwrap_or(Method::POST);
+        let mut headers = HeaderMap::new();
+        upstream::decode_headers(&entry.headers, &mut headers);
+        let (path, query) = match entry.path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (entry.path.as_str(), None),
+        };
+        let pq = state.route.upstream_target(path, query);
+        let call = self.upstream.forward(Outgoing {
+            method: &method,
+            path_and_query: &pq,
+            headers: &headers,
+            body: entry.body.clone(),
+            authority: None,
+            idempotency_key: None,
+        });
+        let route = &*state.route.name;
+        lease::renewing(self.lease, || self.backend.renew(key, token), call, |event| match event {
+            LeaseEvent::Lost => tracing::warn!(route, key = %key.key, "delivery claim lost while the upstream call ran"),
+            LeaseEvent::Failed(e) => tracing::warn!(route, key = %key.key, error = %e, "renewing the delivery claim failed"),
+        })
+        .await
+    }
+
+    /// Acknowledges a delivered entry, retrying briefly (an unacknowledged one would be
+    /// taken over and found completed: harmless, but slower).
+    async fn finish(&self, route: &str, id: &str) {
+        for _ in 0..3 {
+            match self.backend.done(route, id).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(route, id, error = %e, "acknowledging a queue entry failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Moves an exhausted entry to the dead-letter stream and releases its key, so a
+    /// later copy from the provider is queued again.
+    async fn bury(&self, held: &Held<'_>, attempts: u64, last_error: &str) {
+        let Held {
+            state,
+            id,
+            entry,
+            key,
+            token,
+        } = *held;
+        let route: &str = &state.route.name;
+        match self
+            .backend
+            .dead_letter(route, id, entry, attempts, last_error)
+            .await
+        {
+            Ok(()) => {
+                state.metrics.dead_letters.inc();
+                tracing::warn!(route, key = %key.key, attempts, error = last_error, "queued delivery moved to the dead-letter stream");
+            }
+            Err(e) => {
+                // Left pending: retried after a takeover.
+                tracing::warn!(route, key = %key.key, error = %e, "moving an entry to the dead-letter stream failed");
+                let _ = self.backend.unlock(key, token).await;
+                return;
+            }
+        }
+        // Retried: a key left `queued` with its entry in the dead letters acknowledges
+        // the provider's copies without queueing them (until a redrive).
+        for _ in 0..3 {
+            match self.backend.release(key, token).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(route, key = %key.key, error = %e, "releasing a dead-lettered key failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
