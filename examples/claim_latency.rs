@@ -18,7 +18,7 @@ fn free_port() -> u16 {
 }
 
 /// The test harness's Redis deployments.
-#[path = "../tests/common/cluster.rs"]
+#[path = "../tests/it/common/cluster.rs"]
 mod cluster;
 
 use std::time::{Duration, Instant};
