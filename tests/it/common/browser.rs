@@ -1,5 +1,5 @@
 //! Headless Chromium driven over the DevTools protocol (a small WebSocket client, so
-//! the tests need no extra crate). Included with `#[path = "common/browser.rs"]`.
+//! the tests need no extra crate).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};

@@ -9,6 +9,8 @@
 //! Waiting is always done by polling with a deadline, never by a bare sleep.
 #![allow(dead_code)]
 
+pub mod admin;
+pub mod browser;
 pub mod cluster;
 pub mod load;
 pub mod monitor;
