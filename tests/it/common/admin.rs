@@ -1,5 +1,4 @@
 //! Helpers for the admin API, CLI and console tests (issue 8).
-#![allow(dead_code)]
 
 use std::time::Duration;
 

@@ -1,6 +1,5 @@
 //! Headless Chromium driven over the DevTools protocol (a small WebSocket client, so
 //! the tests need no extra crate).
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
