@@ -22,6 +22,7 @@ mod e2e_roundtrips;
 mod e2e_soak;
 mod e2e_tls;
 mod inject;
+mod layering;
 mod props;
 mod queue_conformance;
 mod store_conformance;
