@@ -18,7 +18,11 @@ fn free_port() -> u16 {
 }
 
 /// The test harness's Redis deployments.
-#[path = "../tests/common/cluster.rs"]
+#[path = "../tests/it/common/cluster.rs"]
+#[allow(
+    dead_code,
+    reason = "the example uses a few of the test harness's deployments"
+)]
 mod cluster;
 
 use std::time::{Duration, Instant};

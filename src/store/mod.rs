@@ -2,7 +2,7 @@
 //!
 //! One `Store` trait, two implementations with the same semantics: `RedisStore`
 //! (shared by every replica) and `MemoryStore` (one process). The conformance suite in
-//! `tests/store_conformance.rs` runs against both.
+//! `tests/it/store_conformance.rs` runs against both.
 //!
 //! States of a key: absent → `processing` (claimed, lease running) → `completed`
 //! (answer stored for `retention`) or `released` (the claimer gave up; the next copy

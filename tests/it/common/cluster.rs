@@ -8,7 +8,6 @@
 //!   as `mymaster`.
 //!
 //! Every wait polls with a deadline.
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::process::{Child, Command, Stdio};
@@ -43,6 +42,10 @@ impl Node {
     }
 
     /// A standalone `redis-server` (no persistence), started.
+    #[allow(
+        dead_code,
+        reason = "used by examples/claim_latency.rs, not by the tests"
+    )]
     pub fn standalone() -> Node {
         let mut n = Node::new(
             ["--save", "", "--appendonly", "no"]

@@ -12,15 +12,13 @@
 //! - `redis://` naming a server in cluster mode: one shard works (without the recent
 //!   index); one node of a multi-shard cluster is reported not ready.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{MASTER_NAME, Node, RedisCluster, SentinelSet, cli, poll};
-use common::*;
+use crate::common::cluster::{MASTER_NAME, Node, RedisCluster, SentinelSet, cli, poll};
+use crate::common::*;
 use idemgate::providers::fingerprint_body;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store};
 
@@ -435,7 +433,7 @@ async fn sentinel_failover_is_followed_by_the_sidecar() {
     assert_eq!(sc.send(&before).await.status, 200);
     // Let the replica catch up, so the answer stored before the failover survives it.
     poll(Duration::from_secs(10), "the replica to catch up", || {
-        let off = |n: &common::cluster::Node| n.info("replication", "master_repl_offset");
+        let off = |n: &crate::common::cluster::Node| n.info("replication", "master_repl_offset");
         off(&set.master).is_some() && off(&set.master) == off(&set.replica)
     });
     let promoted = set.replica.port;
@@ -495,7 +493,7 @@ async fn sentinel_demoted_master_is_never_written_to() {
     ));
     let (old, new) = (set.master.port, set.replica.port);
     poll(Duration::from_secs(10), "the replica to catch up", || {
-        let off = |n: &common::cluster::Node| n.info("replication", "master_repl_offset");
+        let off = |n: &crate::common::cluster::Node| n.info("replication", "master_repl_offset");
         off(&set.master).is_some() && off(&set.master) == off(&set.replica)
     });
     assert_eq!(

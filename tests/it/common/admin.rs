@@ -1,10 +1,8 @@
-//! Helpers for the admin API, CLI and console tests (issue 8). Included with
-//! `#[path = "common/admin.rs"] mod admin;` beside `mod common;`.
-#![allow(dead_code)]
+//! Helpers for the admin API, CLI and console tests (issue 8).
 
 use std::time::Duration;
 
-use super::common::*;
+use super::*;
 
 /// The admin token the tests configure (through `IDEMGATE_ADMIN_TOKEN`).
 pub const TOKEN: &str = "test-admin-token-0123456789";

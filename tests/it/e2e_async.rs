@@ -3,12 +3,10 @@
 //! the acknowledgement, and every acknowledged delivery reaching the upstream with a
 //! 2xx exactly once.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use idemgate::queue::QueueBackend;
 use idemgate::queue::redis::RedisQueue;
 use idemgate::store::{Lifetimes, RedisStore};
@@ -441,7 +439,7 @@ async fn a_live_workers_slow_delivery_is_neither_taken_over_nor_forwarded_twice(
 
 #[tokio::test]
 async fn async_routes_work_on_a_redis_cluster() {
-    let cluster = common::cluster::RedisCluster::start(3, 0);
+    let cluster = crate::common::cluster::RedisCluster::start(3, 0);
     let up = Upstream::start().await;
     up.push_modes(vec![Mode::Status(500); 3]);
     let builder = SidecarBuilder::new(&up.url(), &cluster.url())

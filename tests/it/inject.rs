@@ -2,7 +2,7 @@
 //! tests/fixtures/inject/, must print exactly the expected outputs beside them.
 //!
 //! After an intended change to the output, regenerate the expected files with
-//! `IDEMGATE_UPDATE_GOLDEN=1 cargo test --test inject` and review the diff: every
+//! `IDEMGATE_UPDATE_GOLDEN=1 cargo test --test it inject::` and review the diff: every
 //! output there is also validated against the Kubernetes schemas by scripts/k8s-checks.
 
 use std::io::Write;

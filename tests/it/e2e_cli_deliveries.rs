@@ -1,15 +1,11 @@
 //! `idemgate deliveries list|show|forget|replay` (issue 8): the binary run against a
 //! real redis-server that a running sidecar filled, with the sidecar's own config.
 
-#[path = "common/admin.rs"]
-mod admin;
-mod common;
-
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use admin::*;
-use common::*;
+use crate::common::admin::*;
+use crate::common::*;
 
 struct Cli {
     dir: tempfile::TempDir,

@@ -3,15 +3,13 @@
 //! sidecar itself killed -9 and restarted. After each, the invariants of
 //! `common::load::check_invariants` hold, and memory returns near its baseline.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::load::*;
-use common::*;
+use crate::common::load::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MIB: u64 = 1024;

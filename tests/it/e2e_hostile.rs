@@ -3,13 +3,11 @@
 //! reaches the store or the upstream. Also: the limits on connections and deliveries
 //! in hand, HTTP/2, and that no secret shows in logs, metrics, answers or check-config.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -3,13 +3,9 @@
 //! answers 501 and says why, while show, replay and forget (by key) work, and the
 //! hot path keeps its single-slot scripts.
 
-#[path = "common/admin.rs"]
-mod admin;
-mod common;
-
-use admin::*;
-use common::cluster::RedisCluster;
-use common::*;
+use crate::common::admin::*;
+use crate::common::cluster::RedisCluster;
+use crate::common::*;
 
 #[tokio::test]
 async fn on_a_cluster_show_replay_and_forget_work_and_listing_says_why_not() {

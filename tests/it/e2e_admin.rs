@@ -2,14 +2,10 @@
 //! list (filters, pagination), show, forget, replay — including a replay that reaches
 //! the application exactly once while 20 provider copies arrive at the same time.
 
-#[path = "common/admin.rs"]
-mod admin;
-mod common;
-
 use std::time::Duration;
 
-use admin::*;
-use common::*;
+use crate::common::admin::*;
+use crate::common::*;
 
 #[tokio::test]
 async fn the_admin_api_is_off_without_a_token_and_metrics_stay_open() {

@@ -3,12 +3,9 @@
 //! and a failed one claim + release — counted with `MONITOR`, as in e2e_roundtrips.rs
 //! (both use `common::monitor::Monitor`).
 
-#[path = "common/admin.rs"]
-mod admin;
-mod common;
-
-use common::monitor::Monitor;
-use common::*;
+use crate::common::admin;
+use crate::common::monitor::Monitor;
+use crate::common::*;
 
 #[tokio::test]
 async fn the_log_and_a_kept_request_ride_in_the_same_scripts() {

@@ -7,13 +7,11 @@
 //! a tampered copy gets 401 and is not forwarded; and a delivery signed with the second
 //! configured secret or key (rotation) passes too.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::common::*;
 use base64::Engine as _;
-use common::*;
 use serde_json::{Value, json};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -725,7 +723,7 @@ async fn standard_v1a_ed25519_from_an_independent_signer() {
 /// reproduces its provider's published vector.
 #[test]
 fn the_independent_signers_reproduce_the_published_vectors() {
-    let v: Value = serde_json::from_str(include_str!("fixtures/provider_vectors.json")).unwrap();
+    let v: Value = serde_json::from_str(include_str!("../fixtures/provider_vectors.json")).unwrap();
     let body = |v: &Value| b64(v["body"].as_str().unwrap().as_bytes());
     let g = &v["GITHUB"];
     let out = py(json!({"op":"github","secret":g["secret"],"body_b64":body(g)}));

@@ -7,14 +7,12 @@
 //! topology, every case in turn with its own key prefix (a deployment takes seconds to
 //! start, a case well under one).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::RedisServer;
+use crate::common::cluster::{RedisCluster, SentinelSet};
 use bytes::Bytes;
-use common::RedisServer;
-use common::cluster::{RedisCluster, SentinelSet};
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse,

@@ -5,12 +5,10 @@
 //!
 //! `IDEMGATE_SOAK_SECS` sets the length (default 60 s).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::load::*;
-use common::*;
+use crate::common::load::*;
+use crate::common::*;
 
 const MIB: u64 = 1024;
 

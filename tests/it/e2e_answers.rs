@@ -2,11 +2,9 @@
 //! the real binary, a recording upstream and (where the store matters) both a
 //! private redis-server and the in-memory store.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const SEC: Duration = Duration::from_secs(1);
 

@@ -6,18 +6,12 @@
 //! Skips — loudly — only when Chromium is missing and `apt-get install -y chromium`
 //! cannot provide it.
 
-#[path = "common/admin.rs"]
-mod admin;
-#[path = "common/browser.rs"]
-mod browser;
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use admin::*;
-use browser::*;
-use common::*;
+use crate::common::admin::*;
+use crate::common::browser::*;
+use crate::common::*;
 
 /// Where the list screenshot goes: `<target dir>/admin-list.png`.
 fn screenshot_path() -> PathBuf {

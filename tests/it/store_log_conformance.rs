@@ -4,12 +4,10 @@
 //! forget, the recent list, and the queue's transitions as claims see them. Every case
 //! is listed once in `both!` at the bottom, so the two stores cannot drift.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::RedisServer;
 use bytes::Bytes;
-use common::RedisServer;
 use idemgate::deliveries::{Forgot, KeptRequest, ListQuery, LogSupport, Settled};
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::queue::QueueBackend;
@@ -458,7 +456,7 @@ async fn an_under_replicated_replay_claim_keeps_the_old_answer() {
         .unwrap_err();
     assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
     let lock = format!("{}:lock", plain.state_key(&k));
-    common::wait_until(Duration::from_secs(5), "the background release", || {
+    crate::common::wait_until(Duration::from_secs(5), "the background release", || {
         server.cli(&["EXISTS", &lock]) == "0"
     })
     .await;

@@ -18,7 +18,6 @@ pub struct Sent {
     pub body: Vec<u8>,
     /// `None`: no HTTP answer (connection refused or reset, e.g. the sidecar was killed).
     pub status: Option<u16>,
-    pub replayed: bool,
     /// The request hit the client's timeout: it hung.
     pub hung: bool,
     pub elapsed: Duration,
@@ -69,7 +68,6 @@ async fn send_one(client: &reqwest::Client, url: &str, d: &Delivery) -> Sent {
             id: d.id.clone(),
             body: d.body.clone(),
             status: Some(a.status),
-            replayed: a.replayed(),
             hung: false,
             elapsed,
         },
@@ -77,7 +75,6 @@ async fn send_one(client: &reqwest::Client, url: &str, d: &Delivery) -> Sent {
             id: d.id.clone(),
             body: d.body.clone(),
             status: None,
-            replayed: false,
             hung: e.is_timeout(),
             elapsed,
         },
@@ -165,7 +162,6 @@ pub fn strip_ansi(s: &str) -> String {
 /// What `check_invariants` found, for the test's printout.
 #[derive(Debug, Default)]
 pub struct Findings {
-    pub requests: usize,
     pub answered_2xx: usize,
     pub status_counts: BTreeMap<String, usize>,
     pub unique_ids: usize,
@@ -210,7 +206,6 @@ pub async fn check_invariants(
     strict_once: bool,
 ) -> Findings {
     let mut f = Findings {
-        requests: sent.len(),
         ..Default::default()
     };
     for s in sent {

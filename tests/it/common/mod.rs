@@ -7,8 +7,9 @@
 //! - [`Delivery`]: a Standard Webhooks delivery, signed like a provider signs it.
 //!
 //! Waiting is always done by polling with a deadline, never by a bare sleep.
-#![allow(dead_code)]
 
+pub mod admin;
+pub mod browser;
 pub mod cluster;
 pub mod load;
 pub mod monitor;
@@ -272,13 +273,6 @@ impl Answer {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("answer body is not JSON ({e}): {:?}", self.text()))
     }
-    /// The `error` field of an error answer.
-    pub fn error_code(&self) -> String {
-        self.json()["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no \"error\" string in {:?}", self.text()))
-            .to_string()
-    }
     /// Retry-After as whole seconds; panics if absent or not an integer.
     pub fn retry_after(&self) -> u64 {
         let v = self
@@ -437,10 +431,6 @@ impl RedisServer {
         }
     }
 
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
-
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -539,7 +529,6 @@ pub struct Recorded {
     pub path_and_query: String,
     pub headers: http::HeaderMap,
     pub body: Bytes,
-    pub at: Instant,
 }
 
 impl Recorded {
@@ -607,10 +596,6 @@ impl Upstream {
     /// An address where nothing listens.
     pub fn unused_addr() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], free_port()))
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
     }
 
     pub fn url(&self) -> String {
@@ -706,7 +691,6 @@ async fn handle(
         path_and_query,
         headers: parts.headers,
         body,
-        at: Instant::now(),
     });
     let queued = st.queue.lock().unwrap().pop_front();
     let mut mode = queued.unwrap_or_else(|| st.mode.lock().unwrap().clone());
@@ -933,7 +917,6 @@ impl SidecarBuilder {
             let cfg_path = dir.path().join("idemgate.toml");
             std::fs::write(&cfg_path, &cfg).unwrap();
             let stderr_path = dir.path().join("stderr.log");
-            let stdout_path = dir.path().join("stdout.log");
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
             cmd.arg("run").arg("--config").arg(&cfg_path);
             for (k, _) in std::env::vars() {
@@ -945,7 +928,7 @@ impl SidecarBuilder {
                 .env("IDEMGATE_LOG_FORMAT", "text")
                 .env("NO_COLOR", "1")
                 .stdin(Stdio::null())
-                .stdout(File::create(&stdout_path).unwrap())
+                .stdout(File::create(dir.path().join("stdout.log")).unwrap())
                 .stderr(File::create(&stderr_path).unwrap());
             for (k, v) in &self.env {
                 cmd.env(k, v);
@@ -955,9 +938,8 @@ impl SidecarBuilder {
                 child: Some(child),
                 listen,
                 admin,
-                dir,
+                _dir: dir,
                 stderr_path,
-                stdout_path,
                 config: cfg,
                 client: http_client(),
                 exit: None,
@@ -987,9 +969,9 @@ pub struct Sidecar {
     child: Option<Child>,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
-    dir: TempDir,
+    /// The config and the logs live here; removed when the sidecar is dropped.
+    _dir: TempDir,
     stderr_path: PathBuf,
-    stdout_path: PathBuf,
     pub config: String,
     pub client: reqwest::Client,
     exit: Option<ExitStatus>,
@@ -1004,11 +986,6 @@ impl Sidecar {
     }
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("process").id()
-    }
-
-    /// The process's resident set size (VmRSS from /proc/PID/status), in KiB.
-    pub fn rss_kib(&self) -> u64 {
-        rss_kib(self.pid())
     }
 
     async fn wait_healthy(&mut self, deadline: Duration) -> Result<(), String> {
@@ -1052,10 +1029,6 @@ impl Sidecar {
     pub fn stderr(&self) -> String {
         read_file_lossy(&self.stderr_path)
     }
-    pub fn stdout(&self) -> String {
-        read_file_lossy(&self.stdout_path)
-    }
-
     pub fn kill9(&mut self) {
         if let Some(c) = self.child.as_mut()
             && self.exit.is_none()

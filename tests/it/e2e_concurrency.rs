@@ -1,11 +1,9 @@
 //! End-to-end: concurrent copies, several replicas on one Redis, crashed and
 //! slow claimers, Redis outages and graceful shutdown.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const SEC: Duration = Duration::from_secs(1);
 

@@ -3,13 +3,11 @@
 //! through `SSL_CERT_FILE` (read by rustls-native-certs), and refuses the server when
 //! it does not: certificate verification is on.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")

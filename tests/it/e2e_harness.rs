@@ -1,6 +1,5 @@
 //! Self-checks of the test harness (no idemgate involved).
-mod common;
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,14 +3,12 @@
 //! written once, generic over `QueueBackend`, and instantiated for both by the
 //! `conformance!` macro at the bottom, so the two cannot drift.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::common::RedisServer;
+use crate::common::monitor::Monitor;
 use bytes::Bytes;
-use common::RedisServer;
-use common::monitor::Monitor;
 use idemgate::providers::fingerprint_body;
 use idemgate::queue::memory::MemoryQueue;
 use idemgate::queue::redis::RedisQueue;

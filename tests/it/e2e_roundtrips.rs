@@ -6,10 +6,8 @@
 //! marked `[... lua]`, the commands scripts ran inside Redis; only the former are
 //! round trips. `INFO commandstats` counts both, so it is used for the script calls.
 
-mod common;
-
-use common::monitor::Monitor;
-use common::*;
+use crate::common::monitor::Monitor;
+use crate::common::*;
 
 fn evalsha_calls(redis: &RedisServer) -> u64 {
     redis

@@ -1,6 +1,5 @@
 //! Headless Chromium driven over the DevTools protocol (a small WebSocket client, so
-//! the tests need no extra crate). Included with `#[path = "common/browser.rs"]`.
-#![allow(dead_code)]
+//! the tests need no extra crate).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

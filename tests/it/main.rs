@@ -1,0 +1,29 @@
+//! idemgate's integration tests, as one test binary: the harness in `common/` is
+//! compiled and linked once instead of once per file, and each file below is a module.
+//! Run one file's tests with `cargo test --test it <module>::`, e.g.
+//! `cargo test --test it e2e_admin::`.
+
+mod common;
+
+mod e2e_admin;
+mod e2e_admin_cluster;
+mod e2e_admin_roundtrips;
+mod e2e_answers;
+mod e2e_async;
+mod e2e_cli_deliveries;
+mod e2e_cluster;
+mod e2e_concurrency;
+mod e2e_console;
+mod e2e_faults;
+mod e2e_harness;
+mod e2e_hostile;
+mod e2e_providers;
+mod e2e_roundtrips;
+mod e2e_soak;
+mod e2e_tls;
+mod inject;
+mod layering;
+mod props;
+mod queue_conformance;
+mod store_conformance;
+mod store_log_conformance;
