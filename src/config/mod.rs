@@ -1,9 +1,10 @@
 //! The configuration: the TOML schema of SPEC.md, environment overrides, and the
 //! validation that turns a file into a `Config` the rest of the program can trust.
 //!
-//! Everything that can be wrong with a configuration is found here, at start (or by
-//! `check-config`), and reported with the name of the field: nothing downstream parses
-//! or resolves configuration per request.
+//! Everything that can be wrong with a configuration is found at start (or by
+//! `check-config`), here or, for what a provider checks, when `providers::Routes` builds
+//! the routes, and reported with the name of the field: nothing downstream parses or
+//! resolves configuration per request.
 
 use std::net::SocketAddr;
 use std::path::Path;

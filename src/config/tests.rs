@@ -148,44 +148,6 @@ fn errors_name_the_field() {
 }
 
 #[test]
-fn route_errors_name_the_route_field() {
-    let two_paths = format!(
-        "{ROUTE}{}",
-        ROUTE.replace("name = \"wh\"", "name = \"wh2\"")
-    );
-    assert_eq!(err(&two_paths).field, "route[1].path");
-    let no_secret = ROUTE.replace(
-        "secrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]",
-        "secrets = []",
-    );
-    assert_eq!(err(&no_secret).field, "route[0].secrets");
-    let env_secret = ROUTE.replace(
-        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "env:IDEMGATE_TEST_UNSET",
-    );
-    let e = err(&env_secret);
-    assert_eq!(e.field, "route[0].secrets[0]");
-    assert!(e.message.contains("IDEMGATE_TEST_UNSET"));
-    let file_secret = ROUTE.replace(
-        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "file:/nonexistent/secret",
-    );
-    assert_eq!(err(&file_secret).field, "route[0].secrets[0]");
-    let bad_name = ROUTE.replace("name = \"wh\"", "name = \"a b{c}\"");
-    assert_eq!(err(&bad_name).field, "route[0].name");
-    let bad_provider = ROUTE.replace("provider = \"standard\"", "provider = \"carrier-pigeon\"");
-    assert_eq!(err(&bad_provider).field, "route[0].provider");
-}
-
-#[test]
-fn retention_must_exceed_every_tolerance() {
-    let text = format!("[dedup]\nretention = \"5m\"\n{ROUTE}");
-    assert_eq!(err(&text).field, "dedup.retention");
-    let text = format!("[dedup]\nretention = \"5m1s\"\n{ROUTE}");
-    assert!(Config::from_toml_with_env(&text, env_none).is_ok());
-}
-
-#[test]
 fn file_secrets_are_trimmed_and_empty_ones_refused() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s");

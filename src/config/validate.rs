@@ -1,5 +1,6 @@
 //! The validation that turns the file as written (and the environment) into a
-//! `Config`: defaults, ranges, relations between fields, and each provider's own checks.
+//! `Config`: defaults, ranges and relations between fields (each provider's own checks
+//! run when the routes are built, in `providers::Routes::build`).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -353,24 +354,5 @@ pub(super) fn validate(
         admin_tokens: admin_tokens(raw.admin_token, env)?,
     };
     bounds::relations(&config)?;
-    // Provider-specific checks (secret formats, tolerance rules, key sources) belong to
-    // the providers; building every route once here reports them at start.
-    for (i, r) in config.routes.iter().enumerate() {
-        let route = crate::providers::build_route(r, &config)
-            .map_err(|e| ConfigError::new(format!("route[{i}].{}", e.field), e.message))?;
-        if let Some(tol) = route.tolerance()
-            && config.dedup.retention <= tol
-        {
-            return Err(ConfigError::new(
-                "dedup.retention",
-                format!(
-                    "must be longer than route `{}`'s tolerance ({}): otherwise a replayed \
-                     request inside the window could find its key forgotten",
-                    r.name,
-                    humantime::format_duration(tol)
-                ),
-            ));
-        }
-    }
     Ok(config)
 }
