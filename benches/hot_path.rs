@@ -18,7 +18,7 @@ use hmac::{KeyInit, Mac};
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::Full;
 
-use idemgate::config::{Config, Secret};
+use idemgate::config::Secret;
 use idemgate::gate::Gate;
 use idemgate::metrics::Metrics;
 use idemgate::providers::standard::StandardWebhooks;
@@ -260,7 +260,8 @@ fn whole_delivery(c: &mut Criterion) {
         "upstream = \"http://{upstream}\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"b\"\npath = \"/wh\"\nprovider = \"standard\"\nsecrets = [\"{SECRET}\"]\n"
     );
-    let config = Config::from_toml_with_env(&text, |_| None).unwrap();
+    let (config, routes) =
+        idemgate::providers::routes::from_toml_with_env(&text, |_| None).unwrap();
     let lifetimes = Lifetimes {
         lease: config.dedup.lease,
         retention: config.dedup.retention,
@@ -269,6 +270,7 @@ fn whole_delivery(c: &mut Criterion) {
         Arc::new(
             Gate::new(
                 &config,
+                &routes,
                 MemoryStore::new(lifetimes),
                 Arc::new(Metrics::new()),
             )

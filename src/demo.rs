@@ -20,7 +20,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
-use crate::config::Config;
 use crate::server::Bound;
 use crate::store::{Lifetimes, MemoryStore};
 
@@ -164,12 +163,13 @@ provider = "standard"
 secrets = ["{secret}"]
 "#
     );
-    let config = Config::from_toml_with_env(&text, |_| None).map_err(|e| e.to_string())?;
+    let (config, routes) =
+        crate::providers::routes::from_toml_with_env(&text, |_| None).map_err(|e| e.to_string())?;
     let lifetimes = Lifetimes {
         lease: config.dedup.lease,
         retention: config.dedup.retention,
     };
-    let bound = Bound::bind(&config, MemoryStore::new(lifetimes))
+    let bound = Bound::bind(&config, &routes, MemoryStore::new(lifetimes))
         .await
         .map_err(|e| e.to_string())?;
     let addr = bound.addr();

@@ -42,7 +42,7 @@ struct Delivery<'a> {
 }
 
 struct RouteEntry {
-    route: Route,
+    route: Arc<Route>,
     metrics: RouteMetrics,
 }
 
@@ -139,14 +139,13 @@ enum BodyError {
 impl<S: Store> Gate<S> {
     pub fn new(
         config: &Config,
+        built: &providers::Routes,
         store: S,
         metrics: Arc<Metrics>,
     ) -> Result<Self, crate::config::ConfigError> {
         let mut routes = HashMap::with_capacity(config.routes.len());
         for (i, rc) in config.routes.iter().enumerate() {
-            let route = providers::build_route(rc, config).map_err(|e| {
-                crate::config::ConfigError::new(format!("route[{i}].{}", e.field), e.message)
-            })?;
+            let route = built.route(config, i)?;
             let metrics = metrics.route(&rc.name, RouteKind::of(rc, config.store.on_error));
             routes.insert(rc.path.clone(), RouteEntry { route, metrics });
         }

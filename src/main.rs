@@ -6,8 +6,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use idemgate::config::Config;
-
 /// mimalloc: fewer cycles per delivery than glibc malloc in the load benchmark (see
 /// BENCHMARKS.md), with a small resident footprint.
 #[global_allocator]
@@ -105,8 +103,8 @@ fn main() -> ExitCode {
             let _log_guard = init_logging("warn,idemgate::audit=info").ok();
             idemgate::deliveries::cli::main(cli.config.as_deref(), args)
         }
-        Command::CheckConfig => match Config::load(cli.config.as_deref()) {
-            Ok(config) => {
+        Command::CheckConfig => match idemgate::providers::routes::load(cli.config.as_deref()) {
+            Ok((config, _routes)) => {
                 print!("{}", config.redacted_toml());
                 if let Some(w) = config.memory_store_warning() {
                     eprintln!("note: {w}");
@@ -143,8 +141,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let config = match Config::load(cli.config.as_deref()) {
-                Ok(c) => c,
+            let (config, routes) = match idemgate::providers::routes::load(cli.config.as_deref()) {
+                Ok(loaded) => loaded,
                 Err(e) => {
                     tracing::error!("invalid configuration: {e}");
                     eprintln!("invalid configuration: {e}");
@@ -159,6 +157,7 @@ fn main() -> ExitCode {
             }
             let result = runtime(config.worker_threads).block_on(idemgate::server::run(
                 config,
+                routes,
                 idemgate::server::shutdown_signal(),
             ));
             match result {

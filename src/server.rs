@@ -32,6 +32,7 @@ use crate::admin;
 use crate::config::{Config, StoreUrl};
 use crate::gate::Gate;
 use crate::metrics::Metrics;
+use crate::providers::Routes;
 use crate::store::{Breaker, Lifetimes, MemoryStore, RedisStore, Store};
 
 /// The largest request head (request line + headers) read into memory per
@@ -63,6 +64,7 @@ pub enum ServeError {
 /// Runs the sidecar on the store the configuration names until `shutdown` resolves.
 pub async fn run(
     config: Config,
+    routes: Routes,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let lifetimes = Lifetimes {
@@ -80,9 +82,9 @@ pub async fn run(
                 config.store.breaker_threshold,
                 config.store.breaker_cooldown,
             );
-            Bound::bind(&config, store)
+            Bound::bind(&config, &routes, store)
                 .await?
-                .with_queue(&config, queue)?
+                .with_queue(&config, &routes, queue)?
                 .serve(shutdown)
                 .await
         }
@@ -105,9 +107,9 @@ pub async fn run(
                 config.store.breaker_threshold,
                 config.store.breaker_cooldown,
             );
-            Bound::bind(&config, store)
+            Bound::bind(&config, &routes, store)
                 .await?
-                .with_queue(&config, queue)?
+                .with_queue(&config, &routes, queue)?
                 .serve(shutdown)
                 .await
         }
@@ -126,9 +128,9 @@ pub struct Bound<S> {
 }
 
 impl<S: Store> Bound<S> {
-    pub async fn bind(config: &Config, store: S) -> Result<Self, ServeError> {
+    pub async fn bind(config: &Config, routes: &Routes, store: S) -> Result<Self, ServeError> {
         let metrics = Arc::new(Metrics::new());
-        let gate = Arc::new(Gate::new(config, store, metrics)?);
+        let gate = Arc::new(Gate::new(config, routes, store, metrics)?);
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -158,9 +160,12 @@ impl<S: Store> Bound<S> {
     pub fn with_queue(
         self,
         config: &Config,
+        routes: &Routes,
         queue: Arc<dyn crate::queue::QueueBackend>,
     ) -> Result<Self, ServeError> {
-        if let Some(mode) = crate::queue::AsyncMode::new(config, queue, self.gate.metrics())? {
+        if let Some(mode) =
+            crate::queue::AsyncMode::new(config, routes, queue, self.gate.metrics())?
+        {
             self.gate.set_async_mode(Arc::new(mode));
         }
         Ok(self)

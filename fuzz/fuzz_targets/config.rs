@@ -10,9 +10,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match Config::from_toml_with_env(text, |_| None) {
+    match idemgate::providers::routes::from_toml_with_env(text, |_| None) {
         Err(e) => assert!(!e.field.is_empty(), "{e:?}"),
-        Ok(c) => {
+        Ok((c, _)) => {
             let shown = c.redacted_toml();
             if c.routes.is_empty() {
                 let again = Config::from_toml_with_env(&shown, |_| None)

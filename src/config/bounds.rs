@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn every_duration_field_has_a_range() {
-        // the fields config.rs parses as durations, by the name `within` is given
+        // the fields config/validate.rs parses as durations, by the name `within` is given
         for f in [
             "upstream_timeout",
             "shutdown_grace",

@@ -177,8 +177,8 @@ fn show_text(e: &LogEntry) -> String {
 
 /// Runs `idemgate deliveries …`.
 pub fn main(config: Option<&Path>, args: DeliveriesArgs) -> ExitCode {
-    let config = match Config::load(config) {
-        Ok(c) => c,
+    let config = match crate::providers::routes::load(config) {
+        Ok((c, _routes)) => c,
         Err(e) => return fail(format!("invalid configuration: {e}")),
     };
     let StoreUrl::Redis(url) = &config.store.url else {

@@ -9,6 +9,7 @@ pub mod alipay;
 pub mod guard;
 pub mod hmac_scheme;
 pub mod keys;
+pub mod routes;
 pub mod rsa_key;
 pub mod standard;
 pub mod stripe;
@@ -25,6 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Config, RouteConfig};
 pub use keys::{KeyError, KeySource};
+pub use routes::Routes;
 
 /// Why a delivery's signature check failed, mapped to exactly one HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -495,7 +497,7 @@ mod tests {
 
     fn route(provider_lines: &str) -> Result<Config, crate::config::ConfigError> {
         let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{provider_lines}\n");
-        Config::from_toml_with_env(&text, |_| None)
+        routes::from_toml_with_env(&text, |_| None).map(|(c, _)| c)
     }
 
     fn field(provider_lines: &str) -> String {

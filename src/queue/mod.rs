@@ -272,7 +272,7 @@ pub fn ack_answer(cfg: &AsyncRoute) -> Answer {
 
 /// One async route: its built route (success rule, upstream path), policy and metrics.
 struct AsyncRouteState {
-    route: Route,
+    route: Arc<Route>,
     cfg: AsyncRoute,
     metrics: QueueMetrics,
 }
@@ -294,6 +294,7 @@ impl AsyncMode {
     /// Async mode for the configuration's async routes; `None` when it has none.
     pub fn new(
         config: &Config,
+        built: &crate::providers::Routes,
         backend: Arc<dyn QueueBackend>,
         metrics: &Metrics,
     ) -> Result<Option<AsyncMode>, crate::config::ConfigError> {
@@ -302,9 +303,7 @@ impl AsyncMode {
             let RouteMode::Async(cfg) = &rc.mode else {
                 continue;
             };
-            let route = crate::providers::build_route(rc, config).map_err(|e| {
-                crate::config::ConfigError::new(format!("route[{i}].{}", e.field), e.message)
-            })?;
+            let route = built.route(config, i)?;
             routes.insert(
                 rc.name.clone(),
                 Arc::new(AsyncRouteState {

@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use proptest::prelude::*;
 
 use idemgate::answer::retry_after_secs;
-use idemgate::config::{Config, InFlightPolicy, Secret};
+use idemgate::config::{InFlightPolicy, Secret};
 use idemgate::gate::{Step, decide};
 use idemgate::metrics::Outcome;
 use idemgate::providers::Verifier;
@@ -198,9 +198,9 @@ proptest! {
     ) {
         let text: String = lines.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
         for t in [text.as_str(), raw.as_str()] {
-            match Config::from_toml_with_env(t, |_| None) {
+            match idemgate::providers::routes::from_toml_with_env(t, |_| None) {
                 Err(e) => prop_assert!(!e.field.is_empty()),
-                Ok(c) => {
+                Ok((c, _)) => {
                     prop_assert!(c.max_in_flight >= 1 && c.max_connections >= 1);
                     prop_assert!(!c.body_timeout.is_zero() && !c.header_timeout.is_zero());
                     prop_assert!(c.store.breaker_threshold >= 1);

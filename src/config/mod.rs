@@ -1,0 +1,255 @@
+//! The configuration: the TOML schema of SPEC.md, environment overrides, and the
+//! validation that turns a file into a `Config` the rest of the program can trust.
+//!
+//! Everything that can be wrong with a configuration is found at start (or by
+//! `check-config`), here or, for what a provider checks, when `providers::Routes` builds
+//! the routes, and reported with the name of the field: nothing downstream parses or
+//! resolves configuration per request.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::Uri;
+
+mod bounds;
+mod overrides;
+mod parse;
+mod raw;
+mod redact;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+pub use overrides::resolve_secret;
+pub use parse::{parse_duration, parse_size};
+pub use redact::{redact_source, redact_url};
+
+use raw::RawConfig;
+use validate::validate;
+
+/// A configuration problem, always naming the field it is about.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The validated configuration.
+// ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub upstream: Uri,
+    pub upstream_timeout: Duration,
+    pub max_body: usize,
+    /// Cap on an upstream answer's body: larger answers are not buffered or stored
+    /// (the delivery gets 502 and its claim is released).
+    pub max_response: usize,
+    pub shutdown_grace: Duration,
+    /// How long a connection may take to send a request's headers (and, on a fresh
+    /// connection, its first bytes); past it the connection is closed.
+    pub header_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers are in; past it
+    /// the delivery gets 408 and the connection is closed.
+    pub body_timeout: Duration,
+    /// Deliveries handled at once; one more gets a fast 503 `overloaded`.
+    pub max_in_flight: usize,
+    /// Open webhook connections; a new one past it is closed at once.
+    pub max_connections: usize,
+    /// Threads that run deliveries: 1 (the default) = one thread, tokio's
+    /// `current_thread` scheduler; more = the multi-thread scheduler with that many
+    /// workers. One thread costs ~20% less CPU per delivery and halves the p99 added at a
+    /// moderate rate (no cross-thread wake-ups; BENCHMARKS.md) and still serves more than
+    /// 10,000 deliveries/s; raise it only when one core is not enough.
+    pub worker_threads: usize,
+    pub store: StoreConfig,
+    pub dedup: DedupConfig,
+    pub routes: Vec<RouteConfig>,
+    /// Tokens that open the admin API (`/admin/`); none = the admin API is off.
+    pub admin_tokens: Vec<AdminToken>,
+    /// `[async]`: the delivery queue shared by the async routes.
+    pub async_queue: AsyncConfig,
+}
+
+/// `[async]`: how the async routes' queues are worked (see docs/async.md).
+#[derive(Debug, Clone)]
+pub struct AsyncConfig {
+    /// How long an entry may sit unrefreshed in a consumer's hands before a live
+    /// consumer takes it over (the holder is presumed dead).
+    pub claim_idle: Duration,
+    /// How many unacknowledged entries a route's queue holds before new deliveries get
+    /// 503 + Retry-After.
+    pub max_queue: u64,
+}
+
+/// Whether a route forwards while the provider waits (`sync`) or acknowledges at once
+/// and delivers from a durable queue (`async`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteMode {
+    Sync,
+    Async(AsyncRoute),
+}
+
+/// A `mode = "async"` route's acknowledgement and delivery policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsyncRoute {
+    pub ack_status: u16,
+    pub ack_body: String,
+    pub max_attempts: u32,
+    pub max_age: Duration,
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+/// One admin token: the name its actions are logged under, and its secret.
+#[derive(Debug, Clone)]
+pub struct AdminToken {
+    pub name: String,
+    pub secret: Secret,
+}
+
+/// The shortest admin token accepted: a guessable token would open the admin API.
+pub const ADMIN_TOKEN_MIN_LEN: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Memory,
+    Redis(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: StoreUrl,
+    /// False when neither a `[store]` section nor `IDEMGATE_STORE_URL` chose the store.
+    pub explicit: bool,
+    pub key_prefix: String,
+    pub timeout: Duration,
+    pub on_error: OnStoreError,
+    /// Replicas that must confirm a claim or completion (`WAIT`) before it counts;
+    /// 0 = off (Redis's asynchronous replication as it is).
+    pub min_replicas_ack: u32,
+    /// How long a claim or completion waits for those replicas.
+    pub replicas_ack_timeout: Duration,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_threshold: u32,
+    /// How long an open breaker answers without asking the store before it lets one
+    /// probe through.
+    pub breaker_cooldown: Duration,
+}
+
+/// What a delivery gets when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// 503 + Retry-After: the provider keeps the delivery and retries.
+    Reject,
+    /// Forward without de-duplication (availability over exactly-once).
+    Pass,
+}
+
+/// What a copy gets while the first copy of its delivery is still being processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightPolicy {
+    Reject,
+    Wait,
+}
+
+#[derive(Debug, Clone)]
+pub struct DedupConfig {
+    pub lease: Duration,
+    pub retention: Duration,
+    pub in_flight: InFlightPolicy,
+    pub wait_timeout: Duration,
+}
+
+/// One secret as configured: where it comes from (kept for redacted display), its
+/// resolved value (never displayed), and the key ID it answers for when the entry was
+/// written `ID=source` (WeChat Pay's `PUB_KEY_ID_...`).
+#[derive(Clone)]
+pub struct Secret {
+    pub source: String,
+    pub value: Vec<u8>,
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path: String,
+    pub provider: String,
+    pub secrets: Vec<Secret>,
+    pub tolerance: Option<Duration>,
+    pub key: Option<String>,
+    pub upstream_path: Option<String>,
+    pub custom: CustomFields,
+    /// Keep the request (size-capped, for `retention`) for an operator's replay.
+    pub keep_payload: bool,
+    pub mode: RouteMode,
+}
+
+/// The fields that only some providers read.
+#[derive(Debug, Clone, Default)]
+pub struct CustomFields {
+    pub signature_header: Option<String>,
+    pub hash: Option<String>,
+    pub encoding: Option<String>,
+    pub prefix: Option<String>,
+    pub timestamp_header: Option<String>,
+    pub signed: Option<String>,
+    pub public_url: Option<String>,
+}
+
+impl Config {
+    /// Loads the file (if any), applies the environment overrides and validates.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p).map_err(|e| {
+                ConfigError::new("config", format!("cannot read {}: {e}", p.display()))
+            })?,
+            None => String::new(),
+        };
+        Self::from_toml_with_env(&text, |name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates TOML text; `env` looks up environment variables (for the
+    /// `IDEMGATE_*` overrides and `env:` secrets), so tests need not touch the process
+    /// environment.
+    pub fn from_toml_with_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let msg = e.message().to_string();
+            // toml names unknown fields in the message; point at the section too.
+            let field = e
+                .span()
+                .and_then(|s| text.get(s))
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty() && s.len() < 80)
+                .unwrap_or_else(|| "config".to_string());
+            ConfigError::new(field, msg)
+        })?;
+        validate(raw, &env)
+    }
+
+    /// Whether duplicates are only caught within this process.
+    pub fn memory_store_warning(&self) -> Option<&'static str> {
+        (self.store.url == StoreUrl::Memory).then_some(
+            "the store is the in-memory store: duplicates are only caught per replica; \
+             configure [store] url = \"redis://...\" to share claims across replicas",
+        )
+    }
+}

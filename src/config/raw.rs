@@ -1,0 +1,99 @@
+//! The file as written: every field optional, unknown fields refused. `validate`
+//! turns it into a `Config`.
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) listen: Option<String>,
+    pub(super) admin_listen: Option<String>,
+    pub(super) upstream: Option<String>,
+    pub(super) upstream_timeout: Option<String>,
+    pub(super) max_body: Option<String>,
+    pub(super) max_response: Option<String>,
+    pub(super) shutdown_grace: Option<String>,
+    pub(super) header_timeout: Option<String>,
+    pub(super) body_timeout: Option<String>,
+    pub(super) max_in_flight: Option<toml::Value>,
+    pub(super) max_connections: Option<toml::Value>,
+    pub(super) worker_threads: Option<toml::Value>,
+    pub(super) store: Option<RawStore>,
+    pub(super) dedup: Option<RawDedup>,
+    /// Admin API tokens (issue 8): one source or several, each `[name=]env:X|file:/p`.
+    pub(super) admin_token: Option<OneOrMany>,
+    #[serde(rename = "async")]
+    pub(super) async_queue: Option<RawAsync>,
+    #[serde(default, rename = "route")]
+    pub(super) routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStore {
+    pub(super) url: Option<String>,
+    pub(super) key_prefix: Option<String>,
+    pub(super) timeout: Option<String>,
+    pub(super) on_error: Option<String>,
+    pub(super) min_replicas_ack: Option<u32>,
+    pub(super) replicas_ack_timeout: Option<String>,
+    pub(super) breaker_threshold: Option<toml::Value>,
+    pub(super) breaker_cooldown: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDedup {
+    pub(super) lease: Option<String>,
+    pub(super) retention: Option<String>,
+    pub(super) in_flight: Option<String>,
+    pub(super) wait_timeout: Option<String>,
+}
+
+/// `[async]`: settings shared by every `mode = "async"` route (docs/async.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAsync {
+    pub(super) claim_idle: Option<String>,
+    pub(super) max_queue: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) name: Option<String>,
+    pub(super) path: Option<String>,
+    pub(super) provider: Option<String>,
+    #[serde(default)]
+    pub(super) secrets: Vec<String>,
+    pub(super) tolerance: Option<String>,
+    pub(super) key: Option<String>,
+    pub(super) upstream_path: Option<String>,
+    // `custom` provider fields
+    pub(super) signature_header: Option<String>,
+    pub(super) hash: Option<String>,
+    pub(super) encoding: Option<String>,
+    pub(super) prefix: Option<String>,
+    pub(super) timestamp_header: Option<String>,
+    pub(super) signed: Option<String>,
+    // `twilio`
+    pub(super) public_url: Option<String>,
+    // `mode = "async"` (docs/async.md)
+    pub(super) mode: Option<String>,
+    pub(super) ack_status: Option<u16>,
+    pub(super) ack_body: Option<String>,
+    pub(super) max_attempts: Option<u32>,
+    pub(super) max_age: Option<String>,
+    pub(super) backoff: Option<String>,
+    pub(super) max_backoff: Option<String>,
+    /// Keep the request for an operator's replay (issue 8).
+    pub(super) keep_payload: Option<bool>,
+}
+
+/// A field written as one string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}

@@ -1,0 +1,178 @@
+//! How the configuration is shown (`check-config`, logs, the console): secret
+//! literals and Redis passwords never appear, `env:`/`file:` names do.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{Config, InFlightPolicy, OnStoreError, RouteMode, Secret, StoreUrl};
+
+impl Secret {
+    /// How the entry is shown: its ID (not secret) and its redacted source.
+    pub fn display(&self) -> String {
+        match &self.id {
+            Some(id) => format!("{id}={}", redact_source(&self.source)),
+            None => redact_source(&self.source),
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({})", self.display())
+    }
+}
+
+/// How a secret source is shown: `env:` and `file:` names are not secret, literals are.
+pub fn redact_source(source: &str) -> String {
+    if source.starts_with("env:") || source.starts_with("file:") {
+        source.to_string()
+    } else {
+        "<redacted literal>".to_string()
+    }
+}
+
+impl Config {
+    /// The effective configuration as TOML, with every secret redacted.
+    pub fn redacted_toml(&self) -> String {
+        use std::fmt::Write;
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let mut out = String::new();
+        let _ = writeln!(out, "listen = {}", q(&self.listen.to_string()));
+        let _ = writeln!(out, "admin_listen = {}", q(&self.admin_listen.to_string()));
+        let _ = writeln!(out, "upstream = {}", q(&self.upstream.to_string()));
+        let _ = writeln!(out, "upstream_timeout = {}", q(&d(self.upstream_timeout)));
+        let _ = writeln!(out, "max_body = {}", q(&self.max_body.to_string()));
+        let _ = writeln!(out, "max_response = {}", q(&self.max_response.to_string()));
+        let _ = writeln!(out, "shutdown_grace = {}", q(&d(self.shutdown_grace)));
+        let _ = writeln!(out, "header_timeout = {}", q(&d(self.header_timeout)));
+        let _ = writeln!(out, "body_timeout = {}", q(&d(self.body_timeout)));
+        let _ = writeln!(out, "max_in_flight = {}", self.max_in_flight);
+        let _ = writeln!(out, "max_connections = {}", self.max_connections);
+        let _ = writeln!(out, "worker_threads = {}", self.worker_threads);
+        if !self.admin_tokens.is_empty() {
+            let tokens: Vec<String> = self
+                .admin_tokens
+                .iter()
+                .map(|t| q(&format!("{}={}", t.name, redact_source(&t.secret.source))))
+                .collect();
+            let _ = writeln!(out, "admin_token = [{}]", tokens.join(", "));
+        }
+        let _ = writeln!(out, "\n[store]");
+        let url = match &self.store.url {
+            StoreUrl::Memory => "memory".to_string(),
+            StoreUrl::Redis(u) => redact_url(u),
+        };
+        let _ = writeln!(out, "url = {}", q(&url));
+        let _ = writeln!(out, "key_prefix = {}", q(&self.store.key_prefix));
+        let _ = writeln!(out, "timeout = {}", q(&d(self.store.timeout)));
+        let on_error = match self.store.on_error {
+            OnStoreError::Reject => "reject",
+            OnStoreError::Pass => "pass",
+        };
+        let _ = writeln!(out, "on_error = {}", q(on_error));
+        let _ = writeln!(out, "min_replicas_ack = {}", self.store.min_replicas_ack);
+        let _ = writeln!(
+            out,
+            "replicas_ack_timeout = {}",
+            q(&d(self.store.replicas_ack_timeout))
+        );
+        let _ = writeln!(out, "breaker_threshold = {}", self.store.breaker_threshold);
+        let _ = writeln!(
+            out,
+            "breaker_cooldown = {}",
+            q(&d(self.store.breaker_cooldown))
+        );
+        let _ = writeln!(out, "\n[dedup]");
+        let _ = writeln!(out, "lease = {}", q(&d(self.dedup.lease)));
+        let _ = writeln!(out, "retention = {}", q(&d(self.dedup.retention)));
+        let in_flight = match self.dedup.in_flight {
+            InFlightPolicy::Reject => "reject",
+            InFlightPolicy::Wait => "wait",
+        };
+        let _ = writeln!(out, "in_flight = {}", q(in_flight));
+        let _ = writeln!(out, "wait_timeout = {}", q(&d(self.dedup.wait_timeout)));
+        let _ = writeln!(out, "\n[async]");
+        let _ = writeln!(out, "claim_idle = {}", q(&d(self.async_queue.claim_idle)));
+        let _ = writeln!(out, "max_queue = {}", self.async_queue.max_queue);
+        for r in &self.routes {
+            let _ = writeln!(out, "\n[[route]]");
+            let _ = writeln!(out, "name = {}", q(&r.name));
+            if r.keep_payload {
+                let _ = writeln!(out, "keep_payload = true");
+            }
+            let _ = writeln!(out, "path = {}", q(&r.path));
+            let _ = writeln!(out, "provider = {}", q(&r.provider));
+            let secrets: Vec<String> = r.secrets.iter().map(|s| q(&s.display())).collect();
+            let _ = writeln!(out, "secrets = [{}]", secrets.join(", "));
+            if let Some(t) = r.tolerance {
+                let _ = writeln!(out, "tolerance = {}", q(&d(t)));
+            }
+            if let Some(k) = &r.key {
+                let _ = writeln!(out, "key = {}", q(k));
+            }
+            if let Some(p) = &r.upstream_path {
+                let _ = writeln!(out, "upstream_path = {}", q(p));
+            }
+            if let RouteMode::Async(a) = &r.mode {
+                let _ = writeln!(out, "mode = \"async\"");
+                let _ = writeln!(out, "ack_status = {}", a.ack_status);
+                let _ = writeln!(out, "ack_body = {}", q(&a.ack_body));
+                let _ = writeln!(out, "max_attempts = {}", a.max_attempts);
+                let _ = writeln!(out, "max_age = {}", q(&d(a.max_age)));
+                let _ = writeln!(out, "backoff = {}", q(&d(a.backoff)));
+                let _ = writeln!(out, "max_backoff = {}", q(&d(a.max_backoff)));
+            }
+            let c = &r.custom;
+            for (name, v) in [
+                ("signature_header", &c.signature_header),
+                ("hash", &c.hash),
+                ("encoding", &c.encoding),
+                ("prefix", &c.prefix),
+                ("timestamp_header", &c.timestamp_header),
+                ("signed", &c.signed),
+                ("public_url", &c.public_url),
+            ] {
+                if let Some(v) = v {
+                    let _ = writeln!(out, "{name} = {}", q(v));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Hides a password in a Redis URL (`redis://user:pw@host` → `redis://user:***@host`),
+/// including a Sentinel URL's `sentinel_password=` option.
+pub fn redact_url(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.contains("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{}?{}", redact_authority(base), query.join("&"))
+        }
+        None => redact_authority(url),
+    }
+}
+
+fn redact_authority(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..])
+        }
+        None => url.to_string(),
+    }
+}

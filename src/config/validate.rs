@@ -1,0 +1,358 @@
+//! The validation that turns the file as written (and the environment) into a
+//! `Config`: defaults, ranges and relations between fields (each provider's own checks
+//! run when the routes are built, in `providers::Routes::build`).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::overrides::{admin_tokens, overridden, resolve_secret};
+use super::parse::{
+    one_of, parse_addr, parse_count, parse_duration, parse_size, parse_upstream, split_key_id,
+};
+use super::raw::{RawConfig, RawRoute};
+use super::{
+    AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, InFlightPolicy,
+    OnStoreError, RouteConfig, RouteMode, StoreConfig, StoreUrl, bounds, redact_url,
+};
+
+/// A route's `mode` and, for `async`, its acknowledgement and delivery policy; the
+/// async-only fields on a sync route are errors (they would silently do nothing).
+fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, ConfigError> {
+    let mode = r.mode.as_deref().unwrap_or("sync");
+    let is_async = one_of(&at("mode"), mode, &[("sync", false), ("async", true)])?;
+    if !is_async {
+        for (name, set) in [
+            ("ack_status", r.ack_status.is_some()),
+            ("ack_body", r.ack_body.is_some()),
+            ("max_attempts", r.max_attempts.is_some()),
+            ("max_age", r.max_age.is_some()),
+            ("backoff", r.backoff.is_some()),
+            ("max_backoff", r.max_backoff.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::new(
+                    at(name),
+                    "only applies to mode = \"async\" routes",
+                ));
+            }
+        }
+        return Ok(RouteMode::Sync);
+    }
+    let dur = |field: &str, v: &Option<String>, default: &str| -> Result<Duration, ConfigError> {
+        let d = parse_duration(&at(field), v.as_deref().unwrap_or(default))?;
+        if d.is_zero() {
+            return Err(ConfigError::new(at(field), "must be greater than zero"));
+        }
+        bounds::within(field, &at(field), d)
+    };
+    let ack_status = r.ack_status.unwrap_or(200);
+    if !(200..300).contains(&ack_status) {
+        return Err(ConfigError::new(
+            at("ack_status"),
+            "must be a 2xx status: anything else tells the provider the delivery failed",
+        ));
+    }
+    let max_attempts = r.max_attempts.unwrap_or(10);
+    if max_attempts == 0 {
+        return Err(ConfigError::new(at("max_attempts"), "must be at least 1"));
+    }
+    let backoff = dur("backoff", &r.backoff, "1s")?;
+    let max_backoff = dur("max_backoff", &r.max_backoff, "5m")?;
+    if max_backoff < backoff {
+        return Err(ConfigError::new(
+            at("max_backoff"),
+            "must not be shorter than backoff",
+        ));
+    }
+    Ok(RouteMode::Async(AsyncRoute {
+        ack_status,
+        ack_body: r.ack_body.clone().unwrap_or_default(),
+        max_attempts,
+        max_age: dur("max_age", &r.max_age, "24h")?,
+        backoff,
+        max_backoff,
+    }))
+}
+
+pub(super) fn validate(
+    raw: RawConfig,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let (field, listen) = overridden(env, "IDEMGATE_LISTEN", "listen", raw.listen, "0.0.0.0:8080");
+    let listen = parse_addr(&field, &listen)?;
+    let (field, admin) = overridden(
+        env,
+        "IDEMGATE_ADMIN_LISTEN",
+        "admin_listen",
+        raw.admin_listen,
+        "0.0.0.0:9090",
+    );
+    let admin_listen = parse_addr(&field, &admin)?;
+    if listen == admin_listen && listen.port() != 0 {
+        return Err(ConfigError::new(
+            "admin_listen",
+            "must differ from listen: the admin surface is kept off the webhook port",
+        ));
+    }
+    let (field, upstream) = overridden(
+        env,
+        "IDEMGATE_UPSTREAM",
+        "upstream",
+        raw.upstream,
+        "http://127.0.0.1:3000",
+    );
+    let upstream = parse_upstream(&field, &upstream)?;
+
+    let dur = |field: &str, v: Option<String>, default: &str| -> Result<Duration, ConfigError> {
+        let d = parse_duration(field, v.as_deref().unwrap_or(default))?;
+        if d.is_zero() {
+            return Err(ConfigError::new(field, "must be greater than zero"));
+        }
+        bounds::within(field, field, d)
+    };
+    let upstream_timeout = dur("upstream_timeout", raw.upstream_timeout, "10s")?;
+    let max_body = parse_size("max_body", raw.max_body.as_deref().unwrap_or("1MiB"))?;
+    let max_response = parse_size(
+        "max_response",
+        raw.max_response.as_deref().unwrap_or("1MiB"),
+    )?;
+    let shutdown_grace = dur("shutdown_grace", raw.shutdown_grace, "25s")?;
+    let header_timeout = dur("header_timeout", raw.header_timeout, "10s")?;
+    let body_timeout = dur("body_timeout", raw.body_timeout, "10s")?;
+    let max_in_flight = parse_count("max_in_flight", raw.max_in_flight, 1024)?;
+    let max_connections = parse_count("max_connections", raw.max_connections, 4096)?;
+    // A semaphore holds at most usize::MAX >> 3 permits; anything near is "unbounded".
+    let cap = |field: &str, n: u64| -> Result<usize, ConfigError> {
+        usize::try_from(n)
+            .ok()
+            .filter(|n| *n <= 1 << 30)
+            .ok_or_else(|| ConfigError::new(field, "must be at most 1073741824"))
+    };
+    let max_in_flight = cap("max_in_flight", max_in_flight)?;
+    let max_connections = cap("max_connections", max_connections)?;
+    let worker_threads = parse_count("worker_threads", raw.worker_threads, 1)?;
+    let worker_threads = usize::try_from(worker_threads)
+        .ok()
+        .filter(|n| *n <= 256)
+        .ok_or_else(|| ConfigError::new("worker_threads", "must be at most 256"))?;
+
+    let store_section = raw.store.is_some();
+    let rs = raw.store.unwrap_or_default();
+    let env_url = env("IDEMGATE_STORE_URL").filter(|v| !v.is_empty());
+    let explicit = store_section || env_url.is_some();
+    let (url_field, url_text) = match env_url {
+        Some(u) => ("IDEMGATE_STORE_URL", u),
+        None if store_section => (
+            "store.url",
+            rs.url
+                .unwrap_or_else(|| "redis://127.0.0.1:6379/0".to_string()),
+        ),
+        None => ("store.url", "memory".to_string()),
+    };
+    let url = if url_text == "memory" {
+        StoreUrl::Memory
+    } else {
+        // One server, a Redis Cluster or a Sentinel-managed master: see store::topology.
+        crate::store::topology::Topology::parse(&url_text)
+            .map_err(|e| ConfigError::new(url_field, format!("`{}` {e}", redact_url(&url_text))))?;
+        StoreUrl::Redis(url_text)
+    };
+    let key_prefix = rs.key_prefix.unwrap_or_else(|| "idemgate".to_string());
+    if key_prefix.is_empty()
+        || key_prefix.contains(['{', '}'])
+        || key_prefix.contains(char::is_whitespace)
+    {
+        return Err(ConfigError::new(
+            "store.key_prefix",
+            "must be non-empty, without braces or spaces (braces are the Redis Cluster hash tag)",
+        ));
+    }
+    let timeout = dur("store.timeout", rs.timeout, "1s")?;
+    let min_replicas_ack = rs.min_replicas_ack.unwrap_or(0);
+    let replicas_ack_timeout = dur(
+        "store.replicas_ack_timeout",
+        rs.replicas_ack_timeout,
+        "100ms",
+    )?;
+    if min_replicas_ack > 0 && url == StoreUrl::Memory {
+        return Err(ConfigError::new(
+            "store.min_replicas_ack",
+            "needs a Redis store: the in-memory store has no replicas",
+        ));
+    }
+    if min_replicas_ack > 0 && replicas_ack_timeout >= timeout {
+        return Err(ConfigError::new(
+            "store.replicas_ack_timeout",
+            "must be shorter than store.timeout: the wait for replicas is part of one store round trip",
+        ));
+    }
+    let store = StoreConfig {
+        url,
+        explicit,
+        key_prefix,
+        timeout,
+        min_replicas_ack,
+        replicas_ack_timeout,
+        on_error: one_of(
+            "store.on_error",
+            rs.on_error.as_deref().unwrap_or("reject"),
+            &[
+                ("reject", OnStoreError::Reject),
+                ("pass", OnStoreError::Pass),
+            ],
+        )?,
+        breaker_threshold: u32::try_from(parse_count(
+            "store.breaker_threshold",
+            rs.breaker_threshold,
+            5,
+        )?)
+        .map_err(|_| ConfigError::new("store.breaker_threshold", "is too large"))?,
+        breaker_cooldown: dur("store.breaker_cooldown", rs.breaker_cooldown, "1s")?,
+    };
+
+    let rd = raw.dedup.unwrap_or_default();
+    let dedup = DedupConfig {
+        lease: dur("dedup.lease", rd.lease, "30s")?,
+        retention: dur("dedup.retention", rd.retention, "72h")?,
+        in_flight: one_of(
+            "dedup.in_flight",
+            rd.in_flight.as_deref().unwrap_or("reject"),
+            &[
+                ("reject", InFlightPolicy::Reject),
+                ("wait", InFlightPolicy::Wait),
+            ],
+        )?,
+        wait_timeout: dur("dedup.wait_timeout", rd.wait_timeout, "5s")?,
+    };
+
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    let mut names = HashSet::new();
+    let mut paths = HashSet::new();
+    for (i, r) in raw.routes.into_iter().enumerate() {
+        let at = |f: &str| format!("route[{i}].{f}");
+        let mode = route_mode(&r, &at)?;
+        let name = r
+            .name
+            .ok_or_else(|| ConfigError::new(at("name"), "is required"))?;
+        if name.is_empty()
+            || name == "-"
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        {
+            return Err(ConfigError::new(
+                at("name"),
+                format!(
+                    "`{name}` must be letters, digits, `_`, `-` or `.` (it is used in Redis keys and metric labels)"
+                ),
+            ));
+        }
+        if !names.insert(name.clone()) {
+            return Err(ConfigError::new(
+                at("name"),
+                format!("`{name}` is used by two routes"),
+            ));
+        }
+        let path = r
+            .path
+            .ok_or_else(|| ConfigError::new(at("path"), "is required"))?;
+        if !path.starts_with('/') || path.contains('?') {
+            return Err(ConfigError::new(
+                at("path"),
+                "must start with / and hold no query",
+            ));
+        }
+        if !paths.insert(path.clone()) {
+            return Err(ConfigError::new(
+                at("path"),
+                format!("`{path}` is used by two routes"),
+            ));
+        }
+        let provider = r
+            .provider
+            .ok_or_else(|| ConfigError::new(at("provider"), "is required"))?;
+        if r.secrets.is_empty() {
+            return Err(ConfigError::new(
+                at("secrets"),
+                "at least one secret is required",
+            ));
+        }
+        let mut secrets = Vec::with_capacity(r.secrets.len());
+        for (j, s) in r.secrets.iter().enumerate() {
+            let (id, source) = if provider == "wechatpay" {
+                split_key_id(s)
+            } else {
+                (None, s.as_str())
+            };
+            let mut secret = resolve_secret(&format!("route[{i}].secrets[{j}]"), source, env)?;
+            secret.id = id.map(str::to_string);
+            secrets.push(secret);
+        }
+        let tolerance = match r.tolerance {
+            Some(t) => Some(bounds::within(
+                "tolerance",
+                &at("tolerance"),
+                parse_duration(&at("tolerance"), &t)?,
+            )?),
+            None => None,
+        };
+        if let Some(p) = &r.upstream_path
+            && (!p.starts_with('/') || p.contains('?'))
+        {
+            return Err(ConfigError::new(
+                at("upstream_path"),
+                "must start with / and hold no query",
+            ));
+        }
+        routes.push(RouteConfig {
+            mode,
+            name,
+            path,
+            provider,
+            secrets,
+            tolerance,
+            key: r.key,
+            upstream_path: r.upstream_path,
+            keep_payload: r.keep_payload.unwrap_or(false),
+            custom: CustomFields {
+                signature_header: r.signature_header,
+                hash: r.hash,
+                encoding: r.encoding,
+                prefix: r.prefix,
+                timestamp_header: r.timestamp_header,
+                signed: r.signed,
+                public_url: r.public_url,
+            },
+        });
+    }
+
+    let ra = raw.async_queue.unwrap_or_default();
+    let async_queue = AsyncConfig {
+        claim_idle: dur("async.claim_idle", ra.claim_idle, "30s")?,
+        max_queue: match ra.max_queue.unwrap_or(100_000) {
+            0 => return Err(ConfigError::new("async.max_queue", "must be at least 1")),
+            n => n,
+        },
+    };
+    let config = Config {
+        async_queue,
+        listen,
+        admin_listen,
+        upstream,
+        upstream_timeout,
+        max_body,
+        max_response,
+        shutdown_grace,
+        header_timeout,
+        body_timeout,
+        max_in_flight,
+        max_connections,
+        worker_threads,
+        store,
+        dedup,
+        routes,
+        admin_tokens: admin_tokens(raw.admin_token, env)?,
+    };
+    bounds::relations(&config)?;
+    Ok(config)
+}

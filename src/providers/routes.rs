@@ -1,0 +1,134 @@
+//! Every configured route, built once at start from the configuration and shared by
+//! the gate (sync and async routes) and the queue (async routes).
+//!
+//! Building a route is also its validation: a provider's own checks (secret formats,
+//! tolerance rules, key sources) and the retention-vs-tolerance rule are reported here,
+//! with the field's name, by every entry point that loads a configuration.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{Route, build_route};
+use crate::config::{Config, ConfigError};
+
+/// The built routes, by name.
+pub struct Routes {
+    by_name: HashMap<String, Arc<Route>>,
+}
+
+impl Routes {
+    /// Builds every route of `config`; the first problem names its field.
+    pub fn build(config: &Config) -> Result<Routes, ConfigError> {
+        let mut by_name = HashMap::with_capacity(config.routes.len());
+        for (i, r) in config.routes.iter().enumerate() {
+            let route = build_route(r, config)
+                .map_err(|e| ConfigError::new(format!("route[{i}].{}", e.field), e.message))?;
+            if let Some(tol) = route.tolerance()
+                && config.dedup.retention <= tol
+            {
+                return Err(ConfigError::new(
+                    "dedup.retention",
+                    format!(
+                        "must be longer than route `{}`'s tolerance ({}): otherwise a replayed \
+                         request inside the window could find its key forgotten",
+                        r.name,
+                        humantime::format_duration(tol)
+                    ),
+                ));
+            }
+            by_name.insert(r.name.clone(), Arc::new(route));
+        }
+        Ok(Routes { by_name })
+    }
+
+    /// The route configured as `config.routes[i]`, for the gate and the queue; an
+    /// error when these routes were built from another configuration.
+    pub fn route(&self, config: &Config, i: usize) -> Result<Arc<Route>, ConfigError> {
+        let name = &config.routes[i].name;
+        self.by_name.get(name).cloned().ok_or_else(|| {
+            ConfigError::new(
+                format!("route[{i}].name"),
+                format!("`{name}` was not built"),
+            )
+        })
+    }
+}
+
+/// Loads the configuration (file and environment) and builds its routes: what
+/// `check-config`, the sidecar and the operator's CLI all do before anything else.
+pub fn load(path: Option<&Path>) -> Result<(Config, Routes), ConfigError> {
+    let config = Config::load(path)?;
+    let routes = Routes::build(&config)?;
+    Ok((config, routes))
+}
+
+/// `Config::from_toml_with_env` and `Routes::build` in one step, for tests and tools
+/// that start from TOML text.
+pub fn from_toml_with_env(
+    text: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(Config, Routes), ConfigError> {
+    let config = Config::from_toml_with_env(text, env)?;
+    let routes = Routes::build(&config)?;
+    Ok((config, routes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTE: &str = r#"
+[[route]]
+name = "wh"
+path = "/webhooks/wh"
+provider = "standard"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+"#;
+
+    fn err(text: &str) -> ConfigError {
+        match from_toml_with_env(text, |_| None) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn route_errors_name_the_route_field() {
+        let two_paths = format!(
+            "{ROUTE}{}",
+            ROUTE.replace("name = \"wh\"", "name = \"wh2\"")
+        );
+        assert_eq!(err(&two_paths).field, "route[1].path");
+        let no_secret = ROUTE.replace(
+            "secrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]",
+            "secrets = []",
+        );
+        assert_eq!(err(&no_secret).field, "route[0].secrets");
+        let env_secret = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "env:IDEMGATE_TEST_UNSET",
+        );
+        let e = err(&env_secret);
+        assert_eq!(e.field, "route[0].secrets[0]");
+        assert!(e.message.contains("IDEMGATE_TEST_UNSET"));
+        let file_secret = ROUTE.replace(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "file:/nonexistent/secret",
+        );
+        assert_eq!(err(&file_secret).field, "route[0].secrets[0]");
+        let bad_name = ROUTE.replace("name = \"wh\"", "name = \"a b{c}\"");
+        assert_eq!(err(&bad_name).field, "route[0].name");
+        let bad_provider =
+            ROUTE.replace("provider = \"standard\"", "provider = \"carrier-pigeon\"");
+        assert_eq!(err(&bad_provider).field, "route[0].provider");
+    }
+
+    #[test]
+    fn retention_must_exceed_every_tolerance() {
+        let text = format!("[dedup]\nretention = \"5m\"\n{ROUTE}");
+        assert_eq!(err(&text).field, "dedup.retention");
+        let text = format!("[dedup]\nretention = \"5m1s\"\n{ROUTE}");
+        assert!(from_toml_with_env(&text, |_| None).is_ok());
+    }
+}
