@@ -46,12 +46,6 @@ const SIBLINGS: &[(&str, &str, &str)] = &[
 const KNOWN: &[(&str, &str, &str, &str)] = &[
     (
         "config",
-        "providers",
-        "config builds every route to validate it, then drops them",
-        "routes built once by providers",
-    ),
-    (
-        "config",
         "store",
         "config validates the store URL with store::topology",
         "topology moves under config",
