@@ -333,7 +333,7 @@ impl<S: Store> Gate<S> {
         *key_for_log = Some(identity.delivery_key);
         // The delivery log keeps the request for an operator's replay (opt-in per route).
         let kept = if self.console.keeps_payload(&route.name) {
-            crate::deliveries::KeptRequest::capture(
+            crate::store::log::KeptRequest::capture(
                 &parts.method,
                 &upstream_path(route, &parts),
                 &parts.headers,
@@ -553,7 +553,7 @@ impl<S: Store> Gate<S> {
             }
         };
         rm.upstream.observe(t.elapsed().as_secs_f64());
-        let settled = crate::deliveries::Settled {
+        let settled = crate::store::log::Settled {
             outcome: "forwarded",
             upstream_status: result.as_ref().ok().map(|r| r.status.as_u16()),
             latency_ms: t.elapsed().as_millis() as u64,
@@ -596,7 +596,7 @@ impl<S: Store> Gate<S> {
                         self.store.release_logged(
                             key,
                             token,
-                            &crate::deliveries::Settled {
+                            &crate::store::log::Settled {
                                 outcome: "upstream_error",
                                 ..settled
                             },

@@ -553,7 +553,7 @@ async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index
     ));
     assert_eq!(
         s.log_support(),
-        idemgate::deliveries::LogSupport::ByKey,
+        idemgate::store::log::LogSupport::ByKey,
         "listing is off, as on a cluster"
     );
 }

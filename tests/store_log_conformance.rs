@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::RedisServer;
-use idemgate::deliveries::{Forgot, KeptRequest, ListQuery, LogSupport, Settled};
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::queue::QueueBackend;
 use idemgate::queue::memory::MemoryQueue;
 use idemgate::queue::redis::RedisQueue;
+use idemgate::store::log::{Forgot, KeptRequest, ListQuery, LogSupport, Settled};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
 };

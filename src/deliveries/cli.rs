@@ -6,7 +6,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::{Config, StoreUrl};
-use crate::deliveries::{self, Cursor, Forgot, ListQuery, LogEntry};
+use crate::deliveries;
+use crate::store::log::{Cursor, Forgot, ListQuery, LogEntry};
 use crate::store::{DeliveryKey, Lifetimes, RedisStore, Status, Store};
 use crate::upstream::Upstream;
 

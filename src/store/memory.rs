@@ -189,7 +189,7 @@ impl MemoryStore {
         now: Instant,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
     ) -> Claim {
         let Lifetimes { lease, retention } = self.lifetimes;
         let ms = unix_millis();
@@ -294,15 +294,15 @@ impl Store for MemoryStore {
         self.with_entries(|_, _| ())
     }
 
-    fn log_support(&self) -> crate::deliveries::LogSupport {
-        crate::deliveries::LogSupport::Full
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        crate::store::log::LogSupport::Full
     }
 
     async fn claim_logged(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> Result<Claim, StoreError> {
         self.claim_with_log(key, fp, kept, force).await
@@ -313,7 +313,7 @@ impl Store for MemoryStore {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.complete_with_log(key, token, response, settled).await
     }
@@ -322,7 +322,7 @@ impl Store for MemoryStore {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.release_with_log(key, token, settled).await
     }
@@ -330,18 +330,18 @@ impl Store for MemoryStore {
     async fn log_entry(
         &self,
         key: &DeliveryKey,
-    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
         self.read_log_entry(key)
     }
 
     async fn recent(
         &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> Result<crate::deliveries::Page, StoreError> {
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
         self.read_recent(query)
     }
 
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
         self.forget_key(key)
     }
 }

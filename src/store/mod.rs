@@ -13,6 +13,7 @@
 
 pub mod breaker;
 pub mod connection;
+pub mod log;
 pub mod memory;
 pub mod redis;
 pub mod sentinel;
@@ -207,8 +208,8 @@ pub trait Store: Send + Sync + 'static {
     // write nothing extra and answer `log_support() == LogSupport::None`.
 
     /// What of the delivery log this store keeps.
-    fn log_support(&self) -> crate::deliveries::LogSupport {
-        crate::deliveries::LogSupport::None
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        crate::store::log::LogSupport::None
     }
 
     /// `claim`, also recording the delivery in the log (and the request itself when
@@ -218,7 +219,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
         let _ = kept;
@@ -238,7 +239,7 @@ pub trait Store: Send + Sync + 'static {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let _ = settled;
         self.complete(key, token, response)
@@ -249,7 +250,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let _ = settled;
         self.release(key, token)
@@ -259,27 +260,27 @@ pub trait Store: Send + Sync + 'static {
     fn log_entry(
         &self,
         key: &DeliveryKey,
-    ) -> impl Future<Output = Result<Option<crate::deliveries::LogEntry>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<crate::store::log::LogEntry>, StoreError>> + Send {
         let _ = key;
-        async { Err(crate::deliveries::no_log()) }
+        async { Err(crate::store::log::no_log()) }
     }
 
     /// A page of recent deliveries, newest (last seen) first.
     fn recent(
         &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> impl Future<Output = Result<crate::deliveries::Page, StoreError>> + Send {
+        query: &crate::store::log::ListQuery,
+    ) -> impl Future<Output = Result<crate::store::log::Page, StoreError>> + Send {
         let _ = query;
-        async { Err(crate::deliveries::no_log()) }
+        async { Err(crate::store::log::no_log()) }
     }
 
     /// Forgets `key` so the provider's next copy is forwarded.
     fn forget(
         &self,
         key: &DeliveryKey,
-    ) -> impl Future<Output = Result<crate::deliveries::Forgot, StoreError>> + Send {
+    ) -> impl Future<Output = Result<crate::store::log::Forgot, StoreError>> + Send {
         let _ = key;
-        async { Err(crate::deliveries::no_log()) }
+        async { Err(crate::store::log::no_log()) }
     }
 
     /// Claims, and while another holder has the key, polls until it completes or is

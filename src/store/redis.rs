@@ -484,7 +484,7 @@ impl Store for RedisStore {
         self.acks.is_some()
     }
 
-    fn log_support(&self) -> crate::deliveries::LogSupport {
+    fn log_support(&self) -> crate::store::log::LogSupport {
         self.log_support_of()
     }
 
@@ -492,7 +492,7 @@ impl Store for RedisStore {
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> Result<Claim, StoreError> {
         self.claim_with_log(key, fp, kept, force).await
@@ -503,7 +503,7 @@ impl Store for RedisStore {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.complete_with_log(key, token, response, settled).await
     }
@@ -512,7 +512,7 @@ impl Store for RedisStore {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.release_with_log(key, token, settled).await
     }
@@ -520,18 +520,18 @@ impl Store for RedisStore {
     async fn log_entry(
         &self,
         key: &DeliveryKey,
-    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
         self.read_log_entry(key).await
     }
 
     async fn recent(
         &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> Result<crate::deliveries::Page, StoreError> {
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
         self.read_recent(query).await
     }
 
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
         self.forget_key(key).await
     }
 

@@ -6,8 +6,8 @@
 use super::{Entry, MemoryStore, later};
 use std::time::Instant;
 
-use crate::deliveries::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
 use crate::providers::Fingerprint;
+use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
 use crate::store::{
     Claim, DeliveryKey, Lifetimes, Status, StoreError, StoredResponse, Token, unix_millis,
 };

@@ -20,10 +20,10 @@ use redis::Value;
 
 use super::super::connection::Connection;
 use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, status_of};
-use crate::deliveries::{
+use crate::providers::Fingerprint;
+use crate::store::log::{
     Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
-use crate::providers::Fingerprint;
 use crate::store::{Claim, DeliveryKey, StoreError, StoredResponse, Token, unix_millis};
 
 /// The hash fields a listing reads, in order.
