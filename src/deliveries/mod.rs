@@ -7,6 +7,7 @@
 //! and release scripts themselves (extra arguments, no extra round trip). The admin API,
 //! the web console and `idemgate deliveries …` all go through the functions here.
 
+pub mod audit;
 pub mod cli;
 
 use std::time::{Duration, Instant};

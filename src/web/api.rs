@@ -3,7 +3,8 @@
 use http::header::{self, HeaderValue};
 use http::{Method, StatusCode};
 
-use super::{Answer, Caller, audit, json, json_error, query_pairs};
+use super::{Answer, Caller, json, json_error, query_pairs};
+use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
 use crate::gate::Gate;
 use crate::store::log::{Cursor, Forgot, ListQuery, LogSupport};

@@ -11,7 +11,8 @@ use http_body_util::Full;
 
 use super::activity::SERIES;
 use super::api::list_query;
-use super::{Answer, Caller, audit, query_pairs, redirect, seg};
+use super::{Answer, Caller, query_pairs, redirect, seg};
+use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
 use crate::gate::Gate;
 use crate::store::log::{Forgot, LogEntry, LogSupport};
