@@ -15,6 +15,7 @@ use http::Uri;
 use serde::Deserialize;
 
 mod bounds;
+pub mod topology;
 
 /// A configuration problem, always naming the field it is about.
 #[derive(Debug, thiserror::Error)]
@@ -867,8 +868,8 @@ fn validate(raw: RawConfig, env: &impl Fn(&str) -> Option<String>) -> Result<Con
     let url = if url_text == "memory" {
         StoreUrl::Memory
     } else {
-        // One server, a Redis Cluster or a Sentinel-managed master: see store::topology.
-        crate::store::topology::Topology::parse(&url_text)
+        // One server, a Redis Cluster or a Sentinel-managed master: see config::topology.
+        topology::Topology::parse(&url_text)
             .map_err(|e| ConfigError::new(url_field, format!("`{}` {e}", redact_url(&url_text))))?;
         StoreUrl::Redis(url_text)
     };

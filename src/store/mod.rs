@@ -18,7 +18,6 @@ pub mod memory;
 pub mod redis;
 pub mod sentinel;
 pub mod tcp;
-pub mod topology;
 
 use std::future::Future;
 use std::time::Duration;

@@ -29,11 +29,11 @@ use super::connection::Connection;
 mod cluster_mode;
 /// The delivery log (issue 8): extra arguments to the same scripts, and the reads.
 mod log;
-use super::topology::Topology;
 use super::{
     Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
     unix_millis,
 };
+use crate::config::topology::Topology;
 use crate::providers::Fingerprint;
 
 /// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
@@ -155,7 +155,7 @@ impl RedisStore {
 
     /// Prepares the store without waiting for Redis: the sidecar starts (and reports
     /// not ready) while Redis is down, and connects when it comes. `url` may name one
-    /// server, a Redis Cluster or a Sentinel-managed master (see `store::topology`).
+    /// server, a Redis Cluster or a Sentinel-managed master (see `config::topology`).
     pub fn new(
         url: &str,
         prefix: &str,
