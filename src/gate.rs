@@ -554,7 +554,7 @@ impl<S: Store> Gate<S> {
         };
         rm.upstream.observe(t.elapsed().as_secs_f64());
         let settled = crate::store::log::Settled {
-            outcome: "forwarded",
+            outcome: crate::store::log::LogOutcome::Forwarded,
             upstream_status: result.as_ref().ok().map(|r| r.status.as_u16()),
             latency_ms: t.elapsed().as_millis() as u64,
             restore_completed: false,
@@ -597,7 +597,7 @@ impl<S: Store> Gate<S> {
                             key,
                             token,
                             &crate::store::log::Settled {
-                                outcome: "upstream_error",
+                                outcome: crate::store::log::LogOutcome::UpstreamError,
                                 ..settled
                             },
                         ),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderMap, Method};
 
 use crate::providers::Fingerprint;
-use crate::store::log::Settled;
+use crate::store::log::{LogOutcome, Settled};
 use crate::store::{Claim, DeliveryKey, Status, Store, StoreError, StoredResponse, Token};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError};
 
@@ -103,7 +103,7 @@ pub async fn replay<S: Store>(
                 body: resp.body,
             };
             let settled = Settled {
-                outcome: "operator_replay",
+                outcome: LogOutcome::OperatorReplay,
                 upstream_status: Some(stored.status),
                 latency_ms,
                 restore_completed: false,
@@ -114,7 +114,7 @@ pub async fn replay<S: Store>(
                 .unwrap_or(false);
             Ok(Replayed {
                 status: stored.status,
-                outcome: settled.outcome,
+                outcome: settled.outcome.as_str(),
                 recorded,
                 latency_ms,
             })
@@ -126,7 +126,7 @@ pub async fn replay<S: Store>(
                 Err(_) => 502,
             };
             let settled = Settled {
-                outcome: "operator_replay_failed",
+                outcome: LogOutcome::OperatorReplayFailed,
                 upstream_status: other.as_ref().ok().map(|r| r.status.as_u16()),
                 latency_ms,
                 restore_completed: was_completed,
@@ -136,7 +136,7 @@ pub async fn replay<S: Store>(
             }
             Ok(Replayed {
                 status,
-                outcome: settled.outcome,
+                outcome: settled.outcome.as_str(),
                 recorded: false,
                 latency_ms,
             })

@@ -66,11 +66,47 @@ impl KeptRequest {
     }
 }
 
+/// The last outcome a log entry records: a closed set, stored as its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogOutcome {
+    /// The gate forwarded it and the upstream answered 2xx (the answer is stored).
+    Forwarded,
+    /// The gate forwarded it and the upstream failed (the key is released).
+    UpstreamError,
+    /// An operator's replay reached the upstream and got a 2xx.
+    OperatorReplay,
+    /// An operator's replay failed.
+    OperatorReplayFailed,
+}
+
+impl LogOutcome {
+    /// The text the stores keep (entries written by earlier versions read the same).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogOutcome::Forwarded => "forwarded",
+            LogOutcome::UpstreamError => "upstream_error",
+            LogOutcome::OperatorReplay => "operator_replay",
+            LogOutcome::OperatorReplayFailed => "operator_replay_failed",
+        }
+    }
+
+    /// The outcome a stored text names, if any.
+    pub fn parse(s: &str) -> Option<LogOutcome> {
+        [
+            LogOutcome::Forwarded,
+            LogOutcome::UpstreamError,
+            LogOutcome::OperatorReplay,
+            LogOutcome::OperatorReplayFailed,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
 /// How a claim ended, recorded by complete/release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
-    /// `forwarded`, `upstream_error`, `operator_replay`, `operator_replay_failed`.
-    pub outcome: &'static str,
+    pub outcome: LogOutcome,
     /// The upstream's status; None when it could not be reached or timed out.
     pub upstream_status: Option<u16>,
     pub latency_ms: u64,
@@ -242,4 +278,23 @@ pub enum Forgot {
     NotFound,
     /// A live claim holds the key: forgetting it now would let a copy run beside it.
     InFlight,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogOutcome;
+
+    #[test]
+    fn outcomes_keep_the_text_stored_before_they_were_an_enum() {
+        for (o, s) in [
+            (LogOutcome::Forwarded, "forwarded"),
+            (LogOutcome::UpstreamError, "upstream_error"),
+            (LogOutcome::OperatorReplay, "operator_replay"),
+            (LogOutcome::OperatorReplayFailed, "operator_replay_failed"),
+        ] {
+            assert_eq!(o.as_str(), s);
+            assert_eq!(LogOutcome::parse(s), Some(o));
+        }
+        assert_eq!(LogOutcome::parse("queued"), None);
+    }
 }

@@ -160,7 +160,7 @@ impl RedisStore {
             .arg(response.body.as_ref())
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention))
-            .arg(settled.outcome)
+            .arg(settled.outcome.as_str())
             .arg(
                 settled
                     .upstream_status
@@ -187,7 +187,7 @@ impl RedisStore {
         let call = Call::new(&self.scripts.release, &keys)
             .arg(token.to_hex())
             .arg(unix_millis())
-            .arg(settled.outcome)
+            .arg(settled.outcome.as_str())
             .arg(
                 settled
                     .upstream_status
