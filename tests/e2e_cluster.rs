@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use common::cluster::{MASTER_NAME, Node, RedisCluster, SentinelSet, cli, poll};
 use common::*;
 use idemgate::providers::fingerprint_body;
+use idemgate::store::log::DeliveryLog;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store};
 
 fn answer_mode(body: &str, delay: Duration) -> Mode {

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use crate::config::{Config, StoreUrl};
 use crate::deliveries::{self, audit::audit};
-use crate::store::log::{Cursor, Forgot, ListQuery, LogEntry};
-use crate::store::{DeliveryKey, Lifetimes, RedisStore, Status, Store};
+use crate::store::log::{Cursor, DeliveryLog, Forgot, ListQuery, LogEntry};
+use crate::store::{DeliveryKey, Lifetimes, RedisStore, Status};
 use crate::upstream::Upstream;
 
 #[derive(clap::Args, Debug)]

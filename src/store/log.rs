@@ -2,10 +2,12 @@
 //! (its entry, the kept request, how a claim settled) and how it is listed and forgotten.
 //! They live beside the `Store` trait that reads and writes them.
 
+use std::future::Future;
+
 use bytes::Bytes;
 use http::{HeaderMap, Method};
 
-use crate::store::{Status, StoreError};
+use crate::store::{DeliveryKey, Status, StoreError};
 use crate::upstream;
 
 /// Largest request kept for replay (headers + body); larger ones are logged without it.
@@ -278,6 +280,24 @@ pub enum Forgot {
     NotFound,
     /// A live claim holds the key: forgetting it now would let a copy run beside it.
     InFlight,
+}
+
+/// The operator's reads of the delivery log, apart from the claim path the gate uses.
+pub trait DeliveryLog: Send + Sync + 'static {
+    /// What of the delivery log this store keeps.
+    fn log_support(&self) -> LogSupport;
+
+    /// The delivery log entry of `key`, with the kept request if any.
+    fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
+
+    /// A page of recent deliveries, newest (last seen) first.
+    fn recent(&self, query: &ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// Forgets `key` so the provider's next copy is forwarded.
+    fn forget(&self, key: &DeliveryKey) -> impl Future<Output = Result<Forgot, StoreError>> + Send;
 }
 
 #[cfg(test)]

@@ -244,6 +244,31 @@ impl MemoryStore {
     }
 }
 
+/// The delivery log, read and forgotten by operators.
+impl crate::store::log::DeliveryLog for MemoryStore {
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        crate::store::log::LogSupport::Full
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
+        self.read_log_entry(key)
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
+        self.read_recent(query)
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
+        self.forget_key(key)
+    }
+}
+
 impl Store for MemoryStore {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
         self.with_entries(|map, now| self.claim_in(map, now, key, fp, None))
@@ -294,10 +319,6 @@ impl Store for MemoryStore {
         self.with_entries(|_, _| ())
     }
 
-    fn log_support(&self) -> crate::store::log::LogSupport {
-        crate::store::log::LogSupport::Full
-    }
-
     async fn claim_logged(
         &self,
         key: &DeliveryKey,
@@ -325,24 +346,6 @@ impl Store for MemoryStore {
         settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.release_with_log(key, token, settled).await
-    }
-
-    async fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
-        self.read_log_entry(key)
-    }
-
-    async fn recent(
-        &self,
-        query: &crate::store::log::ListQuery,
-    ) -> Result<crate::store::log::Page, StoreError> {
-        self.read_recent(query)
-    }
-
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
-        self.forget_key(key)
     }
 }
 

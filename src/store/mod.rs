@@ -151,7 +151,7 @@ pub struct Lifetimes {
 }
 
 /// The atomic claim and its settlement. Every method is one store round trip.
-pub trait Store: Send + Sync + 'static {
+pub trait Store: log::DeliveryLog + Send + Sync + 'static {
     /// Claims `key` for a delivery whose payload has fingerprint `fp`.
     fn claim(
         &self,
@@ -202,14 +202,9 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
-    // --- Operator visibility (issue 8): the delivery log. Every method has a default so
+    // --- The delivery log's writes, beside the claim. Every method has a default so
     // that a store (or a wrapper around one) without a log keeps working; the defaults
-    // write nothing extra and answer `log_support() == LogSupport::None`.
-
-    /// What of the delivery log this store keeps.
-    fn log_support(&self) -> crate::store::log::LogSupport {
-        crate::store::log::LogSupport::None
-    }
+    // write nothing extra. The operator's reads are the `log::DeliveryLog` supertrait.
 
     /// `claim`, also recording the delivery in the log (and the request itself when
     /// `kept`), in the same round trip. `force` is an operator's replay: it re-claims a
@@ -253,33 +248,6 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let _ = settled;
         self.release(key, token)
-    }
-
-    /// The delivery log entry of `key`, with the kept request if any.
-    fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> impl Future<Output = Result<Option<crate::store::log::LogEntry>, StoreError>> + Send {
-        let _ = key;
-        async { Err(crate::store::log::no_log()) }
-    }
-
-    /// A page of recent deliveries, newest (last seen) first.
-    fn recent(
-        &self,
-        query: &crate::store::log::ListQuery,
-    ) -> impl Future<Output = Result<crate::store::log::Page, StoreError>> + Send {
-        let _ = query;
-        async { Err(crate::store::log::no_log()) }
-    }
-
-    /// Forgets `key` so the provider's next copy is forwarded.
-    fn forget(
-        &self,
-        key: &DeliveryKey,
-    ) -> impl Future<Output = Result<crate::store::log::Forgot, StoreError>> + Send {
-        let _ = key;
-        async { Err(crate::store::log::no_log()) }
     }
 
     /// Claims, and while another holder has the key, polls until it completes or is

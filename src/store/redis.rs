@@ -385,6 +385,31 @@ fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
     }
 }
 
+/// The delivery log, read and forgotten by operators.
+impl crate::store::log::DeliveryLog for RedisStore {
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        self.log_support_of()
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
+        self.read_log_entry(key).await
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
+        self.read_recent(query).await
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
+        self.forget_key(key).await
+    }
+}
+
 impl Store for RedisStore {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
         let (state, lock) = self.keys(key);
@@ -484,10 +509,6 @@ impl Store for RedisStore {
         self.acks.is_some()
     }
 
-    fn log_support(&self) -> crate::store::log::LogSupport {
-        self.log_support_of()
-    }
-
     async fn claim_logged(
         &self,
         key: &DeliveryKey,
@@ -515,24 +536,6 @@ impl Store for RedisStore {
         settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.release_with_log(key, token, settled).await
-    }
-
-    async fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
-        self.read_log_entry(key).await
-    }
-
-    async fn recent(
-        &self,
-        query: &crate::store::log::ListQuery,
-    ) -> Result<crate::store::log::Page, StoreError> {
-        self.read_recent(query).await
-    }
-
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
-        self.forget_key(key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
