@@ -344,7 +344,7 @@ impl<S: Store> Gate<S> {
         *key_for_log = Some(identity.delivery_key);
         // The delivery log keeps the request for an operator's replay (opt-in per route).
         let kept = if self.console.keeps_payload(&route.name) {
-            crate::deliveries::KeptRequest::capture(
+            crate::store::log::KeptRequest::capture(
                 &parts.method,
                 &route.upstream_target(parts.uri.path(), parts.uri.query()),
                 &parts.headers,
@@ -556,8 +556,8 @@ impl<S: Store> Gate<S> {
         )
         .await;
         rm.upstream.observe(t.elapsed().as_secs_f64());
-        let settled = crate::deliveries::Settled {
-            outcome: "forwarded",
+        let settled = crate::store::log::Settled {
+            outcome: crate::store::log::LogOutcome::Forwarded,
             upstream_status: result.as_ref().ok().map(|r| r.status.as_u16()),
             latency_ms: t.elapsed().as_millis() as u64,
             restore_completed: false,
@@ -595,8 +595,8 @@ impl<S: Store> Gate<S> {
                         self.store.release_logged(
                             key,
                             token,
-                            &crate::deliveries::Settled {
-                                outcome: "upstream_error",
+                            &crate::store::log::Settled {
+                                outcome: crate::store::log::LogOutcome::UpstreamError,
                                 ..settled
                             },
                         ),

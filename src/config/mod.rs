@@ -19,6 +19,7 @@ mod raw;
 mod redact;
 #[cfg(test)]
 mod tests;
+pub mod topology;
 mod validate;
 
 pub use overrides::resolve_secret;

@@ -152,8 +152,8 @@ pub(super) fn validate(
     let url = if url_text == "memory" {
         StoreUrl::Memory
     } else {
-        // One server, a Redis Cluster or a Sentinel-managed master: see store::topology.
-        crate::store::topology::Topology::parse(&url_text)
+        // One server, a Redis Cluster or a Sentinel-managed master: see config::topology.
+        super::topology::Topology::parse(&url_text)
             .map_err(|e| ConfigError::new(url_field, format!("`{}` {e}", redact_url(&url_text))))?;
         StoreUrl::Redis(url_text)
     };

@@ -6,8 +6,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::{Config, StoreUrl};
-use crate::deliveries::{self, Cursor, Forgot, ListQuery, LogEntry};
-use crate::store::{DeliveryKey, Lifetimes, RedisStore, Status, Store};
+use crate::deliveries::{self, audit::audit};
+use crate::store::log::{Cursor, DeliveryLog, Forgot, ListQuery, LogEntry};
+use crate::store::{DeliveryKey, Lifetimes, RedisStore, Status};
 use crate::upstream::Upstream;
 
 #[derive(clap::Args, Debug)]
@@ -286,7 +287,7 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
                 Ok(Forgot::InFlight) => "in_flight",
                 Err(_) => "store_unavailable",
             };
-            crate::web::audit(&who(), "forget", &route, &key, result);
+            audit(&who(), "forget", &route, &key, result);
             if json {
                 print_json(&serde_json::json!({"route": route, "key": key, "result": result}));
             } else {
@@ -307,7 +308,7 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
             let dkey = DeliveryKey::new(route.as_str(), key.as_str());
             match deliveries::replay(store, &upstream, &dkey, config.dedup.lease).await {
                 Ok(d) => {
-                    crate::web::audit(
+                    audit(
                         &who(),
                         "replay",
                         &route,
@@ -336,7 +337,7 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
                     }
                 }
                 Err(e) => {
-                    crate::web::audit(&who(), "replay", &route, &key, &e.to_string());
+                    audit(&who(), "replay", &route, &key, &e.to_string());
                     fail(e)
                 }
             }

@@ -199,6 +199,31 @@ impl<S: Store> Breaker<S> {
     }
 }
 
+/// The delivery log, read and forgotten by operators.
+impl<S: Store> crate::store::log::DeliveryLog for Breaker<S> {
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        self.inner.log_support()
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
+        self.inner.log_entry(key).await
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
+        self.inner.recent(query).await
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
+        self.inner.forget(key).await
+    }
+}
+
 impl<S: Store> Store for Breaker<S> {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
         self.gated(self.inner.claim(key, fp)).await
@@ -242,15 +267,11 @@ impl<S: Store> Store for Breaker<S> {
     // plain calls: a claim is held back while the circuit is open, settlements are
     // always attempted, and operator reads/forgets go straight to the store.
 
-    fn log_support(&self) -> crate::deliveries::LogSupport {
-        self.inner.log_support()
-    }
-
     async fn claim_logged(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> Result<Claim, StoreError> {
         self.gated(self.inner.claim_logged(key, fp, kept, force))
@@ -262,7 +283,7 @@ impl<S: Store> Store for Breaker<S> {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.observed(self.inner.complete_logged(key, token, response, settled))
             .await
@@ -272,28 +293,10 @@ impl<S: Store> Store for Breaker<S> {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.observed(self.inner.release_logged(key, token, settled))
             .await
-    }
-
-    async fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
-        self.inner.log_entry(key).await
-    }
-
-    async fn recent(
-        &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> Result<crate::deliveries::Page, StoreError> {
-        self.inner.recent(query).await
-    }
-
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
-        self.inner.forget(key).await
     }
 }
 

@@ -16,7 +16,7 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::sentinel::SentinelConnection;
 use super::tcp::tcp_settings;
-use super::topology::Topology;
+use crate::config::topology::Topology;
 
 /// A handle to the store's Redis, whatever its deployment.
 #[derive(Clone)]

@@ -189,7 +189,7 @@ impl MemoryStore {
         now: Instant,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
     ) -> Claim {
         let Lifetimes { lease, retention } = self.lifetimes;
         let ms = unix_millis();
@@ -244,6 +244,31 @@ impl MemoryStore {
     }
 }
 
+/// The delivery log, read and forgotten by operators.
+impl crate::store::log::DeliveryLog for MemoryStore {
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        crate::store::log::LogSupport::Full
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
+        self.read_log_entry(key)
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
+        self.read_recent(query)
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
+        self.forget_key(key)
+    }
+}
+
 impl Store for MemoryStore {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
         self.with_entries(|map, now| self.claim_in(map, now, key, fp, None))
@@ -294,15 +319,11 @@ impl Store for MemoryStore {
         self.with_entries(|_, _| ())
     }
 
-    fn log_support(&self) -> crate::deliveries::LogSupport {
-        crate::deliveries::LogSupport::Full
-    }
-
     async fn claim_logged(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> Result<Claim, StoreError> {
         self.claim_with_log(key, fp, kept, force).await
@@ -313,7 +334,7 @@ impl Store for MemoryStore {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.complete_with_log(key, token, response, settled).await
     }
@@ -322,27 +343,9 @@ impl Store for MemoryStore {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.release_with_log(key, token, settled).await
-    }
-
-    async fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
-        self.read_log_entry(key)
-    }
-
-    async fn recent(
-        &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> Result<crate::deliveries::Page, StoreError> {
-        self.read_recent(query)
-    }
-
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
-        self.forget_key(key)
     }
 }
 

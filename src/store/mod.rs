@@ -14,11 +14,11 @@
 pub mod breaker;
 pub mod connection;
 pub mod lease;
+pub mod log;
 pub mod memory;
 pub mod redis;
 pub mod sentinel;
 pub mod tcp;
-pub mod topology;
 
 use std::future::Future;
 use std::time::Duration;
@@ -163,7 +163,7 @@ pub struct Lifetimes {
 }
 
 /// The atomic claim and its settlement. Every method is one store round trip.
-pub trait Store: Send + Sync + 'static {
+pub trait Store: log::DeliveryLog + Send + Sync + 'static {
     /// Claims `key` for a delivery whose payload has fingerprint `fp`.
     fn claim(
         &self,
@@ -214,14 +214,9 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
-    // --- Operator visibility (issue 8): the delivery log. Every method has a default so
+    // --- The delivery log's writes, beside the claim. Every method has a default so
     // that a store (or a wrapper around one) without a log keeps working; the defaults
-    // write nothing extra and answer `log_support() == LogSupport::None`.
-
-    /// What of the delivery log this store keeps.
-    fn log_support(&self) -> crate::deliveries::LogSupport {
-        crate::deliveries::LogSupport::None
-    }
+    // write nothing extra. The operator's reads are the `log::DeliveryLog` supertrait.
 
     /// `claim`, also recording the delivery in the log (and the request itself when
     /// `kept`), in the same round trip. `force` is an operator's replay: it re-claims a
@@ -230,7 +225,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
         let _ = kept;
@@ -250,7 +245,7 @@ pub trait Store: Send + Sync + 'static {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let _ = settled;
         self.complete(key, token, response)
@@ -261,37 +256,10 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let _ = settled;
         self.release(key, token)
-    }
-
-    /// The delivery log entry of `key`, with the kept request if any.
-    fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> impl Future<Output = Result<Option<crate::deliveries::LogEntry>, StoreError>> + Send {
-        let _ = key;
-        async { Err(crate::deliveries::no_log()) }
-    }
-
-    /// A page of recent deliveries, newest (last seen) first.
-    fn recent(
-        &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> impl Future<Output = Result<crate::deliveries::Page, StoreError>> + Send {
-        let _ = query;
-        async { Err(crate::deliveries::no_log()) }
-    }
-
-    /// Forgets `key` so the provider's next copy is forwarded.
-    fn forget(
-        &self,
-        key: &DeliveryKey,
-    ) -> impl Future<Output = Result<crate::deliveries::Forgot, StoreError>> + Send {
-        let _ = key;
-        async { Err(crate::deliveries::no_log()) }
     }
 
     /// Claims, and while another holder has the key, polls until it completes or is

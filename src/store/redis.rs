@@ -29,11 +29,11 @@ use super::connection::Connection;
 mod cluster_mode;
 /// The delivery log (issue 8): extra arguments to the same scripts, and the reads.
 mod log;
-use super::topology::Topology;
 use super::{
     Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
     unix_millis,
 };
+use crate::config::topology::Topology;
 use crate::providers::Fingerprint;
 
 /// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
@@ -155,7 +155,7 @@ impl RedisStore {
 
     /// Prepares the store without waiting for Redis: the sidecar starts (and reports
     /// not ready) while Redis is down, and connects when it comes. `url` may name one
-    /// server, a Redis Cluster or a Sentinel-managed master (see `store::topology`).
+    /// server, a Redis Cluster or a Sentinel-managed master (see `config::topology`).
     pub fn new(
         url: &str,
         prefix: &str,
@@ -385,6 +385,31 @@ fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
     }
 }
 
+/// The delivery log, read and forgotten by operators.
+impl crate::store::log::DeliveryLog for RedisStore {
+    fn log_support(&self) -> crate::store::log::LogSupport {
+        self.log_support_of()
+    }
+
+    async fn log_entry(
+        &self,
+        key: &DeliveryKey,
+    ) -> Result<Option<crate::store::log::LogEntry>, StoreError> {
+        self.read_log_entry(key).await
+    }
+
+    async fn recent(
+        &self,
+        query: &crate::store::log::ListQuery,
+    ) -> Result<crate::store::log::Page, StoreError> {
+        self.read_recent(query).await
+    }
+
+    async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
+        self.forget_key(key).await
+    }
+}
+
 impl Store for RedisStore {
     async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
         let (state, lock) = self.keys(key);
@@ -484,15 +509,11 @@ impl Store for RedisStore {
         self.acks.is_some()
     }
 
-    fn log_support(&self) -> crate::deliveries::LogSupport {
-        self.log_support_of()
-    }
-
     async fn claim_logged(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&crate::deliveries::KeptRequest>,
+        kept: Option<&crate::store::log::KeptRequest>,
         force: bool,
     ) -> Result<Claim, StoreError> {
         self.claim_with_log(key, fp, kept, force).await
@@ -503,7 +524,7 @@ impl Store for RedisStore {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.complete_with_log(key, token, response, settled).await
     }
@@ -512,27 +533,9 @@ impl Store for RedisStore {
         &self,
         key: &DeliveryKey,
         token: Token,
-        settled: &crate::deliveries::Settled,
+        settled: &crate::store::log::Settled,
     ) -> Result<bool, StoreError> {
         self.release_with_log(key, token, settled).await
-    }
-
-    async fn log_entry(
-        &self,
-        key: &DeliveryKey,
-    ) -> Result<Option<crate::deliveries::LogEntry>, StoreError> {
-        self.read_log_entry(key).await
-    }
-
-    async fn recent(
-        &self,
-        query: &crate::deliveries::ListQuery,
-    ) -> Result<crate::deliveries::Page, StoreError> {
-        self.read_recent(query).await
-    }
-
-    async fn forget(&self, key: &DeliveryKey) -> Result<crate::deliveries::Forgot, StoreError> {
-        self.forget_key(key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

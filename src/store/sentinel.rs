@@ -34,7 +34,7 @@ use redis::{
     RedisResult, ServerErrorKind, Value,
 };
 
-use super::topology::SentinelTarget;
+use crate::config::topology::SentinelTarget;
 
 /// See the module documentation.
 #[derive(Clone)]

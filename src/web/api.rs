@@ -3,9 +3,11 @@
 use http::header::{self, HeaderValue};
 use http::{Method, StatusCode};
 
-use super::{Answer, Caller, audit, json, json_error, query_pairs};
-use crate::deliveries::{self, Cursor, Forgot, ListQuery, LogSupport, ReplayError};
+use super::{Answer, Caller, json, json_error, query_pairs};
+use crate::deliveries::audit::audit;
+use crate::deliveries::{self, ReplayError};
 use crate::gate::Gate;
+use crate::store::log::{Cursor, Forgot, ListQuery, LogSupport};
 use crate::store::{DeliveryKey, Status, Store, StoreError};
 
 /// Page size when the caller gives none, and the largest accepted.

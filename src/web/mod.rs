@@ -26,6 +26,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
+use crate::deliveries::audit::audit;
 use crate::gate::Gate;
 use crate::store::Store;
 pub use activity::Activity;
@@ -199,19 +200,6 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter_map(|kv| kv.trim().split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
-}
-
-/// Logs an admin action: who did what to which delivery, and how it went.
-pub(crate) fn audit(who: &str, action: &str, route: &str, key: &str, result: &str) {
-    tracing::info!(
-        target: "idemgate::audit",
-        who,
-        action,
-        route,
-        key,
-        result,
-        "admin action"
-    );
 }
 
 pub(crate) fn json(status: StatusCode, v: &serde_json::Value) -> Answer {

@@ -11,9 +11,11 @@ use http_body_util::Full;
 
 use super::activity::SERIES;
 use super::api::list_query;
-use super::{Answer, Caller, audit, query_pairs, redirect, seg};
-use crate::deliveries::{self, Forgot, LogEntry, LogSupport, ReplayError};
+use super::{Answer, Caller, query_pairs, redirect, seg};
+use crate::deliveries::audit::audit;
+use crate::deliveries::{self, ReplayError};
 use crate::gate::Gate;
+use crate::store::log::{Forgot, LogEntry, LogSupport};
 use crate::store::{DeliveryKey, Store};
 
 const CSS: &str = r#"

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::common::cluster::{MASTER_NAME, Node, RedisCluster, SentinelSet, cli, poll};
 use crate::common::*;
 use idemgate::providers::fingerprint_body;
+use idemgate::store::log::DeliveryLog;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store};
 
 fn answer_mode(body: &str, delay: Duration) -> Mode {
@@ -551,7 +552,7 @@ async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index
     ));
     assert_eq!(
         s.log_support(),
-        idemgate::deliveries::LogSupport::ByKey,
+        idemgate::store::log::LogSupport::ByKey,
         "listing is off, as on a cluster"
     );
 }

@@ -45,30 +45,6 @@ const SIBLINGS: &[(&str, &str, &str)] = &[
 /// Today's violations (from, to, why, the step that removes it). Shrinks as they go.
 const KNOWN: &[(&str, &str, &str, &str)] = &[
     (
-        "config",
-        "store",
-        "config validates the store URL with store::topology",
-        "topology moves under config",
-    ),
-    (
-        "store",
-        "deliveries",
-        "the Store trait names the delivery-log types",
-        "log types move to store/",
-    ),
-    (
-        "gate",
-        "deliveries",
-        "the gate builds KeptRequest and Settled",
-        "log types move to store/",
-    ),
-    (
-        "deliveries",
-        "web",
-        "the CLI writes the audit line with web::audit",
-        "audit moves to deliveries/",
-    ),
-    (
         "gate",
         "web",
         "the gate holds the console's state (activity, keep_payload)",

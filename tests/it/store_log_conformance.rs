@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use crate::common::RedisServer;
 use bytes::Bytes;
-use idemgate::deliveries::{Forgot, KeptRequest, ListQuery, LogSupport, Settled};
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::queue::QueueBackend;
 use idemgate::queue::memory::MemoryQueue;
 use idemgate::queue::redis::RedisQueue;
+use idemgate::store::log::{Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
 };
@@ -40,7 +40,7 @@ fn response(body: &[u8]) -> StoredResponse {
 
 fn settled(outcome: &'static str, status: Option<u16>, restore: bool) -> Settled {
     Settled {
-        outcome,
+        outcome: LogOutcome::parse(outcome).expect("a log outcome"),
         upstream_status: status,
         latency_ms: 7,
         restore_completed: restore,

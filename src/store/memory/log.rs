@@ -6,8 +6,8 @@
 use super::{Entry, MemoryStore, later};
 use std::time::Instant;
 
-use crate::deliveries::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
 use crate::providers::Fingerprint;
+use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
 use crate::store::{
     Claim, DeliveryKey, Lifetimes, Status, StoreError, StoredResponse, Token, unix_millis,
 };
@@ -102,7 +102,7 @@ impl MemoryStore {
 
     /// Records how the upstream call went (the log's fields).
     fn note(e: &mut Entry, settled: &Settled) {
-        e.log.outcome = Some(settled.outcome.to_string());
+        e.log.outcome = Some(settled.outcome.as_str().to_string());
         e.log.upstream_status = settled.upstream_status;
         e.log.latency_ms = Some(settled.latency_ms);
     }

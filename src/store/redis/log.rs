@@ -20,10 +20,10 @@ use redis::Value;
 
 use super::super::connection::Connection;
 use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, status_of};
-use crate::deliveries::{
+use crate::providers::Fingerprint;
+use crate::store::log::{
     Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
-use crate::providers::Fingerprint;
 use crate::store::{Claim, DeliveryKey, StoreError, StoredResponse, Token, unix_millis};
 
 /// The hash fields a listing reads, in order.
@@ -160,7 +160,7 @@ impl RedisStore {
             .arg(response.body.as_ref())
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention))
-            .arg(settled.outcome)
+            .arg(settled.outcome.as_str())
             .arg(
                 settled
                     .upstream_status
@@ -187,7 +187,7 @@ impl RedisStore {
         let call = Call::new(&self.scripts.release, &keys)
             .arg(token.to_hex())
             .arg(unix_millis())
-            .arg(settled.outcome)
+            .arg(settled.outcome.as_str())
             .arg(
                 settled
                     .upstream_status

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use super::{Inner, PAUSE_BOUND, SentinelConnection};
-use crate::store::topology::SentinelTarget;
+use crate::config::topology::SentinelTarget;
 
 /// What the watchers need from the URL, and the master the last `+switch-master` named.
 pub(super) struct Watch {
