@@ -39,6 +39,7 @@ fn answer_mode(body: &str, delay: Duration) -> Mode {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_sidecars_on_a_cluster_forward_300_copies_once() {
+    let _heavy = crate::common::exclusive().await;
     let cluster = RedisCluster::start(3, 1);
     let up = Upstream::start().await;
     up.set_mode(answer_mode(
@@ -322,6 +323,7 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn master_killed_during_a_storm_without_replica_acks() {
+    let _heavy = crate::common::exclusive().await;
     // Asynchronous replication: a claim or completion acknowledged just before the
     // master died may be missing on its replica, so a few copies may slip through.
     // Counted and reported, not asserted.
@@ -331,6 +333,7 @@ async fn master_killed_during_a_storm_without_replica_acks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn master_killed_during_a_storm_with_min_replicas_ack_lets_no_copy_through() {
+    let _heavy = crate::common::exclusive().await;
     let r = storm_with_a_master_killed(1).await;
     assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
     assert!(
@@ -404,6 +407,7 @@ async fn storm_with_a_planned_sentinel_failover(min_replicas_ack: u32) -> StormR
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn planned_sentinel_failover_during_a_storm_lets_no_copy_through() {
+    let _heavy = crate::common::exclusive().await;
     let r = storm_with_a_planned_sentinel_failover(0).await;
     assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
     assert!(
@@ -415,6 +419,7 @@ async fn planned_sentinel_failover_during_a_storm_lets_no_copy_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn planned_sentinel_failover_with_min_replicas_ack_lets_no_copy_through() {
+    let _heavy = crate::common::exclusive().await;
     let r = storm_with_a_planned_sentinel_failover(1).await;
     assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
     assert!(

@@ -52,6 +52,7 @@ async fn warm_up(sc: &Sidecar, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_killed_paused_slept_and_restarted_under_load() {
+    let _heavy = crate::common::exclusive().await;
     let lease = Duration::from_secs(3);
     let mut redis = durable_redis();
     let up = Upstream::start().await;
@@ -128,6 +129,7 @@ async fn redis_killed_paused_slept_and_restarted_under_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_store_opens_the_breaker_and_readyz_follows() {
+    let _heavy = crate::common::exclusive().await;
     let mut redis = RedisServer::start_new();
     let up = Upstream::start().await;
     let sc = SidecarBuilder::new(&up.url(), &redis.url())
@@ -401,6 +403,7 @@ async fn settle_rss(sc: &Sidecar, baseline: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_refusing_resetting_stalling_and_endless_answers() {
+    let _heavy = crate::common::exclusive().await;
     let redis = RedisServer::start_new();
     let mut up = FaultUpstream::start().await;
     let sc = SidecarBuilder::new(&format!("http://{}", up.addr), &redis.url())
@@ -505,6 +508,7 @@ async fn upstream_refusing_resetting_stalling_and_endless_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sidecar_killed_9_and_restarted_under_load() {
+    let _heavy = crate::common::exclusive().await;
     let lease = Duration::from_secs(2);
     let redis = RedisServer::start_new();
     let up = Upstream::start().await;
@@ -545,6 +549,7 @@ async fn sidecar_killed_9_and_restarted_under_load() {
 /// reports the process flag and, in smaps, any huge page mapped.
 #[tokio::test]
 async fn the_sidecar_runs_without_transparent_huge_pages() {
+    let _heavy = crate::common::exclusive().await;
     let up = Upstream::start().await;
     let sc = SidecarBuilder::new(&up.url(), "memory").start().await;
     assert_eq!(sc.send(&Delivery::fresh()).await.status, 200);

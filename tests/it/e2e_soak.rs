@@ -14,6 +14,7 @@ const MIB: u64 = 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn soak_mixed_traffic_with_faults_has_no_memory_growth() {
+    let _heavy = crate::common::exclusive().await;
     let secs: u64 = std::env::var("IDEMGATE_SOAK_SECS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -72,6 +72,15 @@ pub fn now_secs() -> i64 {
         .as_secs() as i64
 }
 
+/// Runs the heavy, timing-sensitive tests (fault injection under load, the soak, the
+/// failover storms) one at a time. All integration tests share one process, and two of
+/// these at once on a 2-core machine would starve each other's store round trips past
+/// the store timeouts they assert on; light tests still run beside them.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
+
 /// Sleeps until just after the start of the next wall-clock second, so a
 /// timestamp computed now is still "now" for the sidecar a few ms later.
 /// Used only by the tests at the exact edge of the tolerance window.
