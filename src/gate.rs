@@ -59,7 +59,7 @@ pub struct Gate<S> {
     in_flight: InFlightPolicy,
     wait_timeout: Duration,
     lease: Duration,
-    /// The operator console's state (issue 8): tokens, sessions, per-minute activity.
+    /// The operator console's state: tokens, sessions, per-minute activity.
     console: Arc<crate::web::Console>,
     /// The async routes' queue hand-off (docs/async.md); set once at start.
     async_mode: std::sync::OnceLock<Arc<crate::queue::AsyncMode>>,
@@ -80,7 +80,7 @@ pub enum Step {
     Acknowledge,
 }
 
-/// The decision for each claim outcome (SPEC.md's answer table).
+/// The decision for each claim outcome (README's "What each delivery gets" table).
 pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
     match claim {
         Claim::Claimed(token) => Step::Forward(token),
@@ -223,7 +223,7 @@ impl<S: Store> Gate<S> {
         )
     }
 
-    /// The operator console's state (issue 8).
+    /// The operator console's state (tokens, sessions, activity).
     pub fn console(&self) -> &crate::web::Console {
         &self.console
     }

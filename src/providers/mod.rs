@@ -262,7 +262,7 @@ pub enum Refusal {
     Key(KeyError),
 }
 
-/// The preset names SPEC.md lists, whether implemented here or not.
+/// The preset names a route's `provider` may take (all implemented below).
 pub const PROVIDERS: &[&str] = &[
     "standard",
     "github",
