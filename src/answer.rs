@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use crate::metrics::Outcome;
-use crate::providers::{KeyError, Refusal, Rejection};
+use crate::providers::{KeyError, Refusal, SignatureError};
 use crate::store::StoredResponse;
 use crate::upstream::{self, UpstreamError, UpstreamResponse};
 
@@ -61,13 +61,13 @@ pub fn retry_after_secs(remaining: Duration) -> u64 {
 /// The refusal for a failed signature or key check.
 pub fn refusal(r: &Refusal) -> Refused {
     match r {
-        Refusal::Signature(Rejection::Malformed(m)) => Refused::new(
+        Refusal::Signature(SignatureError::Malformed(m)) => Refused::new(
             Outcome::BadRequest,
             StatusCode::BAD_REQUEST,
             "bad_request",
             *m,
         ),
-        Refusal::Signature(Rejection::Invalid(m)) => Refused::new(
+        Refusal::Signature(SignatureError::Invalid(m)) => Refused::new(
             Outcome::InvalidSignature,
             StatusCode::UNAUTHORIZED,
             "invalid_signature",
@@ -167,9 +167,9 @@ mod tests {
 
     #[test]
     fn refusals_map_to_one_status_each() {
-        let r = refusal(&Refusal::Signature(Rejection::Malformed("m")));
+        let r = refusal(&Refusal::Signature(SignatureError::Malformed("m")));
         assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, "bad_request"));
-        let r = refusal(&Refusal::Signature(Rejection::Invalid("i")));
+        let r = refusal(&Refusal::Signature(SignatureError::Invalid("i")));
         assert_eq!(
             (r.status, r.code),
             (StatusCode::UNAUTHORIZED, "invalid_signature")

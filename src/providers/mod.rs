@@ -30,7 +30,7 @@ pub use routes::Routes;
 
 /// Why a delivery's signature check failed, mapped to exactly one HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Rejection {
+pub enum SignatureError {
     /// A required header is missing or unparseable (400).
     #[error("{0}")]
     Malformed(&'static str),
@@ -42,7 +42,7 @@ pub enum Rejection {
 /// A provider's signature scheme: pure and synchronous.
 pub trait Verifier: Send + Sync {
     /// `now` is the current Unix time in seconds.
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection>;
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError>;
 
     /// Every header the check reads (signature, timestamp, other signed headers): each
     /// must arrive once, or repeated with one value (see `guard`).
@@ -56,7 +56,7 @@ pub trait Verifier: Send + Sync {
         query: Option<&str>,
         body: &[u8],
         now: i64,
-    ) -> Result<(), Rejection> {
+    ) -> Result<(), SignatureError> {
         let _ = query;
         self.verify(headers, body, now)
     }
@@ -258,7 +258,7 @@ impl Route {
 /// Why the pure half refused a delivery.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refusal {
-    Signature(Rejection),
+    Signature(SignatureError),
     Key(KeyError),
 }
 
