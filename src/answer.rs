@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use crate::metrics::Outcome;
-use crate::providers::{KeyError, Refusal, SignatureError};
+use crate::providers::{IdentifyError, KeyError, SignatureError};
 use crate::store::StoredResponse;
 use crate::upstream::{self, UpstreamError, UpstreamResponse};
 
@@ -59,21 +59,21 @@ pub fn retry_after_secs(remaining: Duration) -> u64 {
 }
 
 /// The refusal for a failed signature or key check.
-pub fn refusal(r: &Refusal) -> Refused {
+pub fn refusal(r: &IdentifyError) -> Refused {
     match r {
-        Refusal::Signature(SignatureError::Malformed(m)) => Refused::new(
+        IdentifyError::Signature(SignatureError::Malformed(m)) => Refused::new(
             Outcome::BadRequest,
             StatusCode::BAD_REQUEST,
             "bad_request",
             *m,
         ),
-        Refusal::Signature(SignatureError::Invalid(m)) => Refused::new(
+        IdentifyError::Signature(SignatureError::Invalid(m)) => Refused::new(
             Outcome::InvalidSignature,
             StatusCode::UNAUTHORIZED,
             "invalid_signature",
             *m,
         ),
-        Refusal::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => Refused::new(
+        IdentifyError::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => Refused::new(
             Outcome::BadRequest,
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -167,14 +167,14 @@ mod tests {
 
     #[test]
     fn refusals_map_to_one_status_each() {
-        let r = refusal(&Refusal::Signature(SignatureError::Malformed("m")));
+        let r = refusal(&IdentifyError::Signature(SignatureError::Malformed("m")));
         assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, "bad_request"));
-        let r = refusal(&Refusal::Signature(SignatureError::Invalid("i")));
+        let r = refusal(&IdentifyError::Signature(SignatureError::Invalid("i")));
         assert_eq!(
             (r.status, r.code),
             (StatusCode::UNAUTHORIZED, "invalid_signature")
         );
-        let r = refusal(&Refusal::Key(KeyError::Missing("header x".into())));
+        let r = refusal(&IdentifyError::Key(KeyError::Missing("header x".into())));
         assert_eq!(
             (r.status, r.outcome),
             (StatusCode::BAD_REQUEST, Outcome::BadRequest)

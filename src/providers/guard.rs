@@ -51,7 +51,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::providers::{Refusal, Route, build_route};
+    use crate::providers::{IdentifyError, Route, build_route};
 
     fn route(lines: &str) -> Route {
         let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{lines}\n");
@@ -150,7 +150,7 @@ mod tests {
                     h.append(*name, HeaderValue::from_static(second));
                     assert_eq!(
                         r.identify(&h, None, &body, 0),
-                        Err(Refusal::Signature(SignatureError::Malformed(TWICE))),
+                        Err(IdentifyError::Signature(SignatureError::Malformed(TWICE))),
                         "{preset}: {name} sent twice"
                     );
                 }
@@ -161,7 +161,7 @@ mod tests {
                 h.append(*name, HeaderValue::from_static("a"));
                 assert_ne!(
                     r.identify(&h, None, &body, 0),
-                    Err(Refusal::Signature(SignatureError::Malformed(TWICE))),
+                    Err(IdentifyError::Signature(SignatureError::Malformed(TWICE))),
                     "{preset}: {name} repeated with one value"
                 );
             }
@@ -171,7 +171,7 @@ mod tests {
             h.append("x-unrelated", HeaderValue::from_static("b"));
             assert_ne!(
                 r.identify(&h, None, &body, 0),
-                Err(Refusal::Signature(SignatureError::Malformed(TWICE))),
+                Err(IdentifyError::Signature(SignatureError::Malformed(TWICE))),
                 "{preset}: an unrelated header"
             );
         }

@@ -209,12 +209,10 @@ impl Route {
         query: Option<&str>,
         body: &Bytes,
         now: i64,
-    ) -> Result<Identity, Refusal> {
-        self.guarded.check(headers).map_err(Refusal::Signature)?;
-        self.verifier
-            .verify_request(headers, query, body, now)
-            .map_err(Refusal::Signature)?;
-        let delivery_key = self.key.extract(headers, body).map_err(Refusal::Key)?;
+    ) -> Result<Identity, IdentifyError> {
+        self.guarded.check(headers)?;
+        self.verifier.verify_request(headers, query, body, now)?;
+        let delivery_key = self.key.extract(headers, body)?;
         Ok(match self.claim_key {
             ClaimKey::Delivery => Identity {
                 claim_key: delivery_key.clone(),
@@ -255,11 +253,13 @@ impl Route {
     }
 }
 
-/// Why the pure half refused a delivery.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Refusal {
-    Signature(SignatureError),
-    Key(KeyError),
+/// Why `Route::identify`, the pure half, refused a delivery: its signature or its key.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentifyError {
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
 }
 
 /// The preset names a route's `provider` may take (all implemented below).
@@ -628,7 +628,7 @@ mod tests {
         // the delivery ID is still required
         assert!(matches!(
             r.identify(&h, None, &body, 0),
-            Err(Refusal::Key(KeyError::Missing(_)))
+            Err(IdentifyError::Key(KeyError::Missing(_)))
         ));
         h.insert("x-github-delivery", HeaderValue::from_static("d-1"));
         let a = r.identify(&h, None, &body, 0).unwrap();
