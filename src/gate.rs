@@ -25,7 +25,7 @@ use crate::upstream::{Outgoing, Upstream};
 mod unconfirmed;
 
 use crate::answer::{
-    Answer, Refused, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
+    Answer, ErrorAnswer, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
     upstream_refusal,
 };
 use crate::store::lease::{self, LeaseEvent};
@@ -75,7 +75,7 @@ pub enum Step {
     /// Held by another claimer: wait for it (policy `wait`, not yet waited).
     Wait,
     /// Answer without forwarding.
-    Refuse(Refused),
+    Refuse(ErrorAnswer),
     /// Queued on an async route (or being delivered from its queue): acknowledge again.
     Acknowledge,
 }
@@ -86,7 +86,7 @@ pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
         Claim::Claimed(token) => Step::Forward(token),
         Claim::Completed(resp) => Step::Replay(resp),
         Claim::Queued => Step::Acknowledge,
-        Claim::Mismatch => Step::Refuse(Refused::new(
+        Claim::Mismatch => Step::Refuse(ErrorAnswer::new(
             Outcome::PayloadMismatch,
             StatusCode::UNPROCESSABLE_ENTITY,
             "payload_mismatch",
@@ -94,7 +94,7 @@ pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
         )),
         Claim::InFlight { .. } if policy == InFlightPolicy::Wait && !waited => Step::Wait,
         Claim::InFlight { remaining } => Step::Refuse(
-            Refused::new(
+            ErrorAnswer::new(
                 Outcome::InFlight,
                 StatusCode::CONFLICT,
                 "in_flight",
@@ -213,7 +213,7 @@ impl<S: Store> Gate<S> {
             "delivery"
         );
         error_answer(
-            &Refused::new(
+            &ErrorAnswer::new(
                 Outcome::Overloaded,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded",
@@ -246,7 +246,7 @@ impl<S: Store> Gate<S> {
     {
         let started = Instant::now();
         let Some(entry) = self.routes.get(req.uri().path()) else {
-            let r = Refused::new(
+            let r = ErrorAnswer::new(
                 Outcome::NoRoute,
                 StatusCode::NOT_FOUND,
                 "no_route",
@@ -300,7 +300,7 @@ impl<S: Store> Gate<S> {
         let body = match self.read_body(&parts.headers, body).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::TooLarge,
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "too_large",
@@ -309,7 +309,7 @@ impl<S: Store> Gate<S> {
                 return (r.outcome, error_answer(&r));
             }
             Err(BodyError::Slow) => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::ClientTimeout,
                     StatusCode::REQUEST_TIMEOUT,
                     "body_timeout",
@@ -318,7 +318,7 @@ impl<S: Store> Gate<S> {
                 return (r.outcome, error_answer(&r));
             }
             Err(BodyError::Broken) => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::BadRequest,
                     StatusCode::BAD_REQUEST,
                     "bad_request",
@@ -384,7 +384,7 @@ impl<S: Store> Gate<S> {
                 Step::Acknowledge => {
                     // A sync route finding a queued key (its mode was changed while
                     // entries were queued): the queue delivers it; the copy waits.
-                    let r = Refused::new(
+                    let r = ErrorAnswer::new(
                         Outcome::InFlight,
                         StatusCode::CONFLICT,
                         "in_flight",
@@ -502,7 +502,7 @@ impl<S: Store> Gate<S> {
         }
         match self.on_error {
             OnStoreError::Reject => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::StoreUnavailable,
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
