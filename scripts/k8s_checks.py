@@ -347,7 +347,7 @@ def metric_names(args):
                  "idemgate_store_errors_total", "idemgate_in_flight", "idemgate_lease_lost_total",
                  "idemgate_build_info"]:
         if name not in exported:
-            fail(f"SPEC.md's metric {name} is not in /metrics")
+            fail(f"documented metric {name} is not in /metrics")
 
 
 def flatten_lists(args):

@@ -25,7 +25,7 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    // The operator console and admin API (issue 8): off (404) without an admin token.
+    // The operator console and admin API: off (404) without an admin token.
     let path = req.uri().path();
     if path == "/admin" || path.starts_with("/admin/") {
         return crate::web::handle(gate, req).await;

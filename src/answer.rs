@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use crate::metrics::Outcome;
-use crate::providers::{KeyError, Refusal, Rejection};
+use crate::providers::{IdentifyError, KeyError, SignatureError};
 use crate::store::StoredResponse;
 use crate::upstream::{self, UpstreamError, UpstreamResponse};
 
@@ -20,9 +20,10 @@ pub type Answer = Response<Full<Bytes>>;
 /// The header that marks an answer replayed from the store.
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// An answer that is not the upstream's: an outcome, a status and a short reason.
+/// An error answer idemgate gives itself, not the upstream's: an outcome, a status and
+/// a short reason, rendered as JSON by `error_answer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
+pub struct ErrorAnswer {
     pub outcome: Outcome,
     pub status: StatusCode,
     pub code: &'static str,
@@ -30,14 +31,14 @@ pub struct Refused {
     pub retry_after: Option<u64>,
 }
 
-impl Refused {
+impl ErrorAnswer {
     pub fn new(
         outcome: Outcome,
         status: StatusCode,
         code: &'static str,
         message: impl Into<String>,
     ) -> Self {
-        Refused {
+        ErrorAnswer {
             outcome,
             status,
             code,
@@ -59,21 +60,21 @@ pub fn retry_after_secs(remaining: Duration) -> u64 {
 }
 
 /// The refusal for a failed signature or key check.
-pub fn refusal(r: &Refusal) -> Refused {
+pub fn refusal(r: &IdentifyError) -> ErrorAnswer {
     match r {
-        Refusal::Signature(Rejection::Malformed(m)) => Refused::new(
+        IdentifyError::Signature(SignatureError::Malformed(m)) => ErrorAnswer::new(
             Outcome::BadRequest,
             StatusCode::BAD_REQUEST,
             "bad_request",
             *m,
         ),
-        Refusal::Signature(Rejection::Invalid(m)) => Refused::new(
+        IdentifyError::Signature(SignatureError::Invalid(m)) => ErrorAnswer::new(
             Outcome::InvalidSignature,
             StatusCode::UNAUTHORIZED,
             "invalid_signature",
             *m,
         ),
-        Refusal::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => Refused::new(
+        IdentifyError::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => ErrorAnswer::new(
             Outcome::BadRequest,
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -83,21 +84,21 @@ pub fn refusal(r: &Refusal) -> Refused {
 }
 
 /// The refusal for an upstream call that failed (unreachable, too large, timed out).
-pub fn upstream_refusal(e: &UpstreamError) -> Refused {
+pub fn upstream_refusal(e: &UpstreamError) -> ErrorAnswer {
     match e {
-        UpstreamError::Unreachable(_) => Refused::new(
+        UpstreamError::Unreachable(_) => ErrorAnswer::new(
             Outcome::UpstreamError,
             StatusCode::BAD_GATEWAY,
             "upstream_unreachable",
             "the application could not be reached",
         ),
-        UpstreamError::TooLarge => Refused::new(
+        UpstreamError::TooLarge => ErrorAnswer::new(
             Outcome::UpstreamError,
             StatusCode::BAD_GATEWAY,
             "upstream_response_too_large",
             "the application's answer exceeded max_response",
         ),
-        UpstreamError::Timeout => Refused::new(
+        UpstreamError::Timeout => ErrorAnswer::new(
             Outcome::UpstreamError,
             StatusCode::GATEWAY_TIMEOUT,
             "upstream_timeout",
@@ -107,7 +108,7 @@ pub fn upstream_refusal(e: &UpstreamError) -> Refused {
 }
 
 /// A short JSON error answer.
-pub fn error_answer(r: &Refused) -> Answer {
+pub fn error_answer(r: &ErrorAnswer) -> Answer {
     let body = serde_json::json!({ "error": r.code, "message": r.message }).to_string();
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = r.status;
@@ -167,14 +168,14 @@ mod tests {
 
     #[test]
     fn refusals_map_to_one_status_each() {
-        let r = refusal(&Refusal::Signature(Rejection::Malformed("m")));
+        let r = refusal(&IdentifyError::Signature(SignatureError::Malformed("m")));
         assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, "bad_request"));
-        let r = refusal(&Refusal::Signature(Rejection::Invalid("i")));
+        let r = refusal(&IdentifyError::Signature(SignatureError::Invalid("i")));
         assert_eq!(
             (r.status, r.code),
             (StatusCode::UNAUTHORIZED, "invalid_signature")
         );
-        let r = refusal(&Refusal::Key(KeyError::Missing("header x".into())));
+        let r = refusal(&IdentifyError::Key(KeyError::Missing("header x".into())));
         assert_eq!(
             (r.status, r.outcome),
             (StatusCode::BAD_REQUEST, Outcome::BadRequest)
@@ -196,7 +197,7 @@ mod tests {
 
     #[test]
     fn error_answers_are_short_json() {
-        let r = Refused::new(
+        let r = ErrorAnswer::new(
             Outcome::TooLarge,
             StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
@@ -205,8 +206,8 @@ mod tests {
         let a = error_answer(&r);
         assert_eq!(a.headers()["connection"], "close");
         assert_eq!(a.headers()["content-type"], "application/json");
-        let r =
-            Refused::new(Outcome::InFlight, StatusCode::CONFLICT, "in_flight", "x").retry_after(0);
+        let r = ErrorAnswer::new(Outcome::InFlight, StatusCode::CONFLICT, "in_flight", "x")
+            .retry_after(0);
         assert_eq!(error_answer(&r).headers()["retry-after"], "1");
     }
 }

@@ -25,7 +25,7 @@ use crate::upstream::{Outgoing, Upstream};
 mod unconfirmed;
 
 use crate::answer::{
-    Answer, Refused, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
+    Answer, ErrorAnswer, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
     upstream_refusal,
 };
 use crate::store::lease::{self, LeaseEvent};
@@ -59,7 +59,7 @@ pub struct Gate<S> {
     in_flight: InFlightPolicy,
     wait_timeout: Duration,
     lease: Duration,
-    /// The operator console's state (issue 8): tokens, sessions, per-minute activity.
+    /// The operator console's state: tokens, sessions, per-minute activity.
     console: Arc<crate::web::Console>,
     /// The async routes' queue hand-off (docs/async.md); set once at start.
     async_mode: std::sync::OnceLock<Arc<crate::queue::AsyncMode>>,
@@ -75,18 +75,18 @@ pub enum Step {
     /// Held by another claimer: wait for it (policy `wait`, not yet waited).
     Wait,
     /// Answer without forwarding.
-    Refuse(Refused),
+    Refuse(ErrorAnswer),
     /// Queued on an async route (or being delivered from its queue): acknowledge again.
     Acknowledge,
 }
 
-/// The decision for each claim outcome (SPEC.md's answer table).
+/// The decision for each claim outcome (README's "What each delivery gets" table).
 pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
     match claim {
         Claim::Claimed(token) => Step::Forward(token),
         Claim::Completed(resp) => Step::Replay(resp),
         Claim::Queued => Step::Acknowledge,
-        Claim::Mismatch => Step::Refuse(Refused::new(
+        Claim::Mismatch => Step::Refuse(ErrorAnswer::new(
             Outcome::PayloadMismatch,
             StatusCode::UNPROCESSABLE_ENTITY,
             "payload_mismatch",
@@ -94,7 +94,7 @@ pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
         )),
         Claim::InFlight { .. } if policy == InFlightPolicy::Wait && !waited => Step::Wait,
         Claim::InFlight { remaining } => Step::Refuse(
-            Refused::new(
+            ErrorAnswer::new(
                 Outcome::InFlight,
                 StatusCode::CONFLICT,
                 "in_flight",
@@ -213,7 +213,7 @@ impl<S: Store> Gate<S> {
             "delivery"
         );
         error_answer(
-            &Refused::new(
+            &ErrorAnswer::new(
                 Outcome::Overloaded,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded",
@@ -223,7 +223,7 @@ impl<S: Store> Gate<S> {
         )
     }
 
-    /// The operator console's state (issue 8).
+    /// The operator console's state (tokens, sessions, activity).
     pub fn console(&self) -> &crate::web::Console {
         &self.console
     }
@@ -246,7 +246,7 @@ impl<S: Store> Gate<S> {
     {
         let started = Instant::now();
         let Some(entry) = self.routes.get(req.uri().path()) else {
-            let r = Refused::new(
+            let r = ErrorAnswer::new(
                 Outcome::NoRoute,
                 StatusCode::NOT_FOUND,
                 "no_route",
@@ -300,7 +300,7 @@ impl<S: Store> Gate<S> {
         let body = match self.read_body(&parts.headers, body).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::TooLarge,
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "too_large",
@@ -309,7 +309,7 @@ impl<S: Store> Gate<S> {
                 return (r.outcome, error_answer(&r));
             }
             Err(BodyError::Slow) => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::ClientTimeout,
                     StatusCode::REQUEST_TIMEOUT,
                     "body_timeout",
@@ -318,7 +318,7 @@ impl<S: Store> Gate<S> {
                 return (r.outcome, error_answer(&r));
             }
             Err(BodyError::Broken) => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::BadRequest,
                     StatusCode::BAD_REQUEST,
                     "bad_request",
@@ -384,7 +384,7 @@ impl<S: Store> Gate<S> {
                 Step::Acknowledge => {
                     // A sync route finding a queued key (its mode was changed while
                     // entries were queued): the queue delivers it; the copy waits.
-                    let r = Refused::new(
+                    let r = ErrorAnswer::new(
                         Outcome::InFlight,
                         StatusCode::CONFLICT,
                         "in_flight",
@@ -502,7 +502,7 @@ impl<S: Store> Gate<S> {
         }
         match self.on_error {
             OnStoreError::Reject => {
-                let r = Refused::new(
+                let r = ErrorAnswer::new(
                     Outcome::StoreUnavailable,
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",

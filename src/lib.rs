@@ -1,4 +1,4 @@
-//! idemgate: a webhook de-duplication sidecar. See README.md and SPEC.md.
+//! idemgate: a webhook de-duplication sidecar. See README.md and docs/.
 //!
 //! A delivery flows route → verify → identify → claim → forward → settle; each step
 //! lives in its own module (see `gate` for the pipeline itself).

@@ -1,5 +1,6 @@
-//! The configuration: the TOML schema of SPEC.md, environment overrides, and the
-//! validation that turns a file into a `Config` the rest of the program can trust.
+//! The configuration: the TOML schema (README's Configuration section), environment
+//! overrides, and the validation that turns a file into a `Config` the rest of the
+//! program can trust.
 //!
 //! Everything that can be wrong with a configuration is found at start (or by
 //! `check-config`), here or, for what a provider checks, when `providers::Routes` builds

@@ -20,7 +20,7 @@ pub(super) struct RawConfig {
     pub(super) worker_threads: Option<toml::Value>,
     pub(super) store: Option<RawStore>,
     pub(super) dedup: Option<RawDedup>,
-    /// Admin API tokens (issue 8): one source or several, each `[name=]env:X|file:/p`.
+    /// Admin API tokens (they open `/admin/`): one source or several, each `[name=]env:X|file:/p`.
     pub(super) admin_token: Option<OneOrMany>,
     #[serde(rename = "async")]
     pub(super) async_queue: Option<RawAsync>,
@@ -86,7 +86,7 @@ pub(super) struct RawRoute {
     pub(super) max_age: Option<String>,
     pub(super) backoff: Option<String>,
     pub(super) max_backoff: Option<String>,
-    /// Keep the request for an operator's replay (issue 8).
+    /// Keep the request in the delivery log for an operator's replay.
     pub(super) keep_payload: Option<bool>,
 }
 

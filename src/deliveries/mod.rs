@@ -1,4 +1,4 @@
-//! The delivery log (issue 8): what an operator may know about a delivery — its
+//! The delivery log: what an operator may know about a delivery — its
 //! status, attempts, duplicates answered, last outcome, upstream status and latency,
 //! and (with `keep_payload = true` on its route) the request itself — and the three
 //! operator actions on it: show, forget, replay.

@@ -3,13 +3,13 @@
 //! could be forwarded again after a failover (the replica that takes over may hold
 //! only the claim); the retry is replayed if the completion survived.
 
-use crate::answer::{Answer, Refused, error_answer};
+use crate::answer::{Answer, ErrorAnswer, error_answer};
 use crate::metrics::Outcome;
 use http::StatusCode;
 
 /// 503 `store_unavailable` + `Retry-After: 1`, counted as a store outage.
 pub(super) fn answer() -> (Outcome, Answer) {
-    let r = Refused::new(
+    let r = ErrorAnswer::new(
         Outcome::StoreUnavailable,
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",

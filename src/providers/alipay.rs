@@ -18,7 +18,7 @@ use http::HeaderMap;
 use rsa::PublicKey;
 use sha2::{Digest, Sha256};
 
-use super::{FieldError, Fingerprint, Rejection, Verifier, rsa_key};
+use super::{FieldError, Fingerprint, SignatureError, Verifier, rsa_key};
 use crate::config::Secret;
 
 /// At most this many fields are read: a body of a million `&`s buys nothing.
@@ -72,7 +72,7 @@ type Fields = Vec<(String, String)>;
 
 /// The notification decoded once with its charset: the fields as text, and the
 /// charset to write the signed string in.
-fn decode(body: &[u8]) -> Result<(Fields, &'static Encoding), Rejection> {
+fn decode(body: &[u8]) -> Result<(Fields, &'static Encoding), SignatureError> {
     let raw = raw_fields(body);
     let charset = raw
         .iter()
@@ -83,21 +83,21 @@ fn decode(body: &[u8]) -> Result<(Fields, &'static Encoding), Rejection> {
         None => encoding_rs::UTF_8,
         Some(label) => Encoding::for_label(label)
             .filter(|e| e.output_encoding() == *e)
-            .ok_or(Rejection::Malformed(
+            .ok_or(SignatureError::Malformed(
                 "the notification's charset is not supported",
             ))?,
     };
-    let text = |b: &[u8]| -> Result<String, Rejection> {
+    let text = |b: &[u8]| -> Result<String, SignatureError> {
         enc.decode_without_bom_handling_and_without_replacement(b)
             .map(Cow::into_owned)
-            .ok_or(Rejection::Malformed(
+            .ok_or(SignatureError::Malformed(
                 "a field of the notification is not valid in its charset",
             ))
     };
     let fields = raw
         .iter()
         .map(|(k, v)| Ok((text(k)?, text(v)?)))
-        .collect::<Result<Vec<_>, Rejection>>()?;
+        .collect::<Result<Vec<_>, SignatureError>>()?;
     Ok((fields, enc))
 }
 
@@ -128,24 +128,24 @@ enum Form {
 }
 
 impl Alipay {
-    fn check(&self, body: &[u8]) -> Result<Form, Rejection> {
+    fn check(&self, body: &[u8]) -> Result<Form, SignatureError> {
         let (fields, enc) = decode(body)?;
         let mut signs = fields.iter().filter(|(k, _)| k == "sign");
         let sign = signs
             .next()
-            .ok_or(Rejection::Malformed("missing sign field"))?;
+            .ok_or(SignatureError::Malformed("missing sign field"))?;
         if signs.next().is_some() {
-            return Err(Rejection::Malformed("the sign field appears twice"));
+            return Err(SignatureError::Malformed("the sign field appears twice"));
         }
         if let Some((_, t)) = fields.iter().find(|(k, _)| k == "sign_type")
             && t != "RSA2"
         {
-            return Err(Rejection::Invalid("only sign_type RSA2 is accepted"));
+            return Err(SignatureError::Invalid("only sign_type RSA2 is accepted"));
         }
         let compact: String = sign.1.chars().filter(|c| !c.is_whitespace()).collect();
         let sig = B64
             .decode(compact)
-            .map_err(|_| Rejection::Invalid("no signature matches"))?;
+            .map_err(|_| SignatureError::Invalid("no signature matches"))?;
         let without = signed_bytes(&fields, false, enc);
         if self
             .keys
@@ -162,7 +162,7 @@ impl Alipay {
         {
             return Ok(Form::WithSignType);
         }
-        Err(Rejection::Invalid("no signature matches"))
+        Err(SignatureError::Invalid("no signature matches"))
     }
 }
 
@@ -172,7 +172,7 @@ impl Verifier for Alipay {
         Vec::new()
     }
 
-    fn verify(&self, _headers: &HeaderMap, body: &[u8], _now: i64) -> Result<(), Rejection> {
+    fn verify(&self, _headers: &HeaderMap, body: &[u8], _now: i64) -> Result<(), SignatureError> {
         self.check(body).map(|_| ())
     }
 }
@@ -282,12 +282,12 @@ mod tests {
         );
         assert_eq!(
             market_v.check(&tampered),
-            Err(Rejection::Invalid("no signature matches"))
+            Err(SignatureError::Invalid("no signature matches"))
         );
         // the wrong key
         assert!(matches!(
             market_v.check(&trade_body),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         // one flipped byte of the body (a field value)
         let flipped = String::from_utf8(trade_body.clone())
@@ -295,7 +295,7 @@ mod tests {
             .replace("invoice_amount=0.10", "invoice_amount=0.11");
         assert!(matches!(
             trade_v.check(flipped.as_bytes()),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         // one flipped byte of the signature
         let a2 = &a["ALIPAY_TRADE_NOTIFY"];
@@ -311,7 +311,10 @@ mod tests {
         let mut bad = sign.clone();
         bad.replace_range(5..6, if &sign[5..6] == "A" { "B" } else { "A" });
         let body = form(a2, Some(("sign", &bad)));
-        assert!(matches!(trade_v.check(&body), Err(Rejection::Invalid(_))));
+        assert!(matches!(
+            trade_v.check(&body),
+            Err(SignatureError::Invalid(_))
+        ));
         // no sign at all; sign twice; another sign_type
         let no_sign: Vec<u8> = String::from_utf8(trade_body.clone())
             .unwrap()
@@ -322,20 +325,29 @@ mod tests {
             .into_bytes();
         assert_eq!(
             trade_v.check(&no_sign),
-            Err(Rejection::Malformed("missing sign field"))
+            Err(SignatureError::Malformed("missing sign field"))
         );
         let mut twice = trade_body.clone();
         twice.extend_from_slice(b"&sign=AAAA");
         assert!(matches!(
             trade_v.check(&twice),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         let rsa1 = form(a2, Some(("sign_type", "RSA")));
-        assert!(matches!(trade_v.check(&rsa1), Err(Rejection::Invalid(_))));
+        assert!(matches!(
+            trade_v.check(&rsa1),
+            Err(SignatureError::Invalid(_))
+        ));
         // an unknown charset
         let odd = form(a2, Some(("charset", "klingon")));
-        assert!(matches!(trade_v.check(&odd), Err(Rejection::Malformed(_))));
-        assert!(matches!(trade_v.check(b""), Err(Rejection::Malformed(_))));
+        assert!(matches!(
+            trade_v.check(&odd),
+            Err(SignatureError::Malformed(_))
+        ));
+        assert!(matches!(
+            trade_v.check(b""),
+            Err(SignatureError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -354,7 +366,10 @@ mod tests {
         assert_eq!(enc, encoding_rs::GBK);
         assert!(fields.contains(&("a".into(), "%41".into())));
         // invalid UTF-8 under the default charset is refused
-        assert!(matches!(decode(b"a=%FF"), Err(Rejection::Malformed(_))));
+        assert!(matches!(
+            decode(b"a=%FF"),
+            Err(SignatureError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use http::{HeaderMap, HeaderName};
 
-use super::Rejection;
+use super::SignatureError;
 
 /// The answer's message when a checked header arrives with two different values.
 pub const TWICE: &str = "a signed, signature or key header was sent twice with different values";
@@ -31,13 +31,13 @@ impl Guarded {
 
     /// Refuses a delivery that carries one of the guarded headers with two different
     /// values (400: the request is malformed, not necessarily forged).
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), Rejection> {
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), SignatureError> {
         for name in &self.0 {
             let mut values = headers.get_all(name).iter();
             if let Some(first) = values.next()
                 && values.any(|v| v != first)
             {
-                return Err(Rejection::Malformed(TWICE));
+                return Err(SignatureError::Malformed(TWICE));
             }
         }
         Ok(())
@@ -51,7 +51,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::providers::{Refusal, Route, build_route};
+    use crate::providers::{IdentifyError, Route, build_route};
 
     fn route(lines: &str) -> Route {
         let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{lines}\n");
@@ -150,7 +150,7 @@ mod tests {
                     h.append(*name, HeaderValue::from_static(second));
                     assert_eq!(
                         r.identify(&h, None, &body, 0),
-                        Err(Refusal::Signature(Rejection::Malformed(TWICE))),
+                        Err(IdentifyError::Signature(SignatureError::Malformed(TWICE))),
                         "{preset}: {name} sent twice"
                     );
                 }
@@ -161,7 +161,7 @@ mod tests {
                 h.append(*name, HeaderValue::from_static("a"));
                 assert_ne!(
                     r.identify(&h, None, &body, 0),
-                    Err(Refusal::Signature(Rejection::Malformed(TWICE))),
+                    Err(IdentifyError::Signature(SignatureError::Malformed(TWICE))),
                     "{preset}: {name} repeated with one value"
                 );
             }
@@ -171,7 +171,7 @@ mod tests {
             h.append("x-unrelated", HeaderValue::from_static("b"));
             assert_ne!(
                 r.identify(&h, None, &body, 0),
-                Err(Refusal::Signature(Rejection::Malformed(TWICE))),
+                Err(IdentifyError::Signature(SignatureError::Malformed(TWICE))),
                 "{preset}: an unrelated header"
             );
         }

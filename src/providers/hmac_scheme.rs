@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName};
 use subtle::ConstantTimeEq;
 
 use super::standard::{check_timestamp, header_str};
-use super::{FieldError, Rejection, Verifier};
+use super::{FieldError, SignatureError, Verifier};
 use crate::config::{CustomFields, Secret};
 
 /// The hash under an HMAC.
@@ -264,7 +264,7 @@ impl Verifier for HmacScheme {
         h
     }
 
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let sig = header_str(headers, self.header.as_str(), "missing signature header")?;
         let ts = match &self.timestamp {
             Some((name, tolerance)) => {
@@ -278,7 +278,7 @@ impl Verifier for HmacScheme {
             Some(p) => sig
                 .trim()
                 .strip_prefix(p.as_str())
-                .ok_or(Rejection::Invalid(
+                .ok_or(SignatureError::Invalid(
                     "the signature lacks its expected prefix",
                 ))?,
             None => sig,
@@ -286,7 +286,7 @@ impl Verifier for HmacScheme {
         let sig = self
             .encoding
             .decode(sig)
-            .ok_or(Rejection::Invalid("no signature matches"))?;
+            .ok_or(SignatureError::Invalid("no signature matches"))?;
         let parts: Vec<&[u8]> = self
             .template
             .iter()
@@ -303,7 +303,7 @@ impl Verifier for HmacScheme {
         if matched {
             Ok(())
         } else {
-            Err(Rejection::Invalid("no signature matches"))
+            Err(SignatureError::Invalid("no signature matches"))
         }
     }
 }
@@ -363,29 +363,32 @@ mod tests {
         let wrong = HmacScheme::github(&secrets(&["It's a Secret to Everybody!"])).unwrap();
         assert!(matches!(
             wrong.verify(&hs, body, 0),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         let mut b = body.to_vec();
         b[0] ^= 1;
-        assert!(matches!(g.verify(&hs, &b, 0), Err(Rejection::Invalid(_))));
+        assert!(matches!(
+            g.verify(&hs, &b, 0),
+            Err(SignatureError::Invalid(_))
+        ));
         let bad = h(&[("x-hub-signature-256", &flip(sig))]);
         assert!(matches!(
             g.verify(&bad, body, 0),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         assert!(matches!(
             g.verify(&h(&[]), body, 0),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         let bare = h(&[("x-hub-signature-256", &sig["sha256=".len()..])]);
         assert!(matches!(
             g.verify(&bare, body, 0),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         let empty = h(&[("x-hub-signature-256", "")]);
         assert!(matches!(
             g.verify(&empty, body, 0),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 
@@ -404,16 +407,19 @@ mod tests {
         assert!(wrong.verify(&hs, body, 0).is_err());
         assert!(matches!(
             s.verify(&hs, b"{\"id\":2}", 0),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         assert!(matches!(
             s.verify(&h(&[]), body, 0),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         let mut bad = sig.to_string();
         bad.replace_range(0..1, if sig.starts_with('A') { "B" } else { "A" });
         let hb = h(&[("x-shopify-hmac-sha256", &bad)]);
-        assert!(matches!(s.verify(&hb, body, 0), Err(Rejection::Invalid(_))));
+        assert!(matches!(
+            s.verify(&hb, body, 0),
+            Err(SignatureError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -437,7 +443,7 @@ mod tests {
         for now in [ts + 301, ts - 301] {
             assert!(matches!(
                 s.verify(&hs, body, now),
-                Err(Rejection::Invalid(_))
+                Err(SignatureError::Invalid(_))
             ));
         }
         let wrong = HmacScheme::slack(&secrets(&["x"]), Duration::from_secs(300)).unwrap();
@@ -453,14 +459,14 @@ mod tests {
         ]);
         assert!(matches!(
             s.verify(&ho, body, ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         for missing in ["x-slack-signature", "x-slack-request-timestamp"] {
             let mut m = hs.clone();
             m.remove(missing);
             assert!(matches!(
                 s.verify(&m, body, ts),
-                Err(Rejection::Malformed(_))
+                Err(SignatureError::Malformed(_))
             ));
         }
         let hn = h(&[
@@ -469,7 +475,7 @@ mod tests {
         ]);
         assert!(matches!(
             s.verify(&hn, body, ts),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         let hv = h(&[
             ("x-slack-signature", &sig.replace("v0=", "v1=")),
@@ -477,7 +483,7 @@ mod tests {
         ]);
         assert!(matches!(
             s.verify(&hv, body, ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 
@@ -528,13 +534,13 @@ mod tests {
                 assert_eq!(s.verify(&hs, body, 1_700_000_000), Ok(()), "{hash} {enc}");
                 assert!(matches!(
                     s.verify(&hs, body, 1_700_000_301),
-                    Err(Rejection::Invalid(_))
+                    Err(SignatureError::Invalid(_))
                 ));
                 let mut m = hs.clone();
                 m.remove("x-ts");
                 assert!(matches!(
                     s.verify(&m, body, 1_700_000_000),
-                    Err(Rejection::Malformed(_))
+                    Err(SignatureError::Malformed(_))
                 ));
             }
         }

@@ -30,7 +30,7 @@ pub use routes::Routes;
 
 /// Why a delivery's signature check failed, mapped to exactly one HTTP answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Rejection {
+pub enum SignatureError {
     /// A required header is missing or unparseable (400).
     #[error("{0}")]
     Malformed(&'static str),
@@ -42,7 +42,7 @@ pub enum Rejection {
 /// A provider's signature scheme: pure and synchronous.
 pub trait Verifier: Send + Sync {
     /// `now` is the current Unix time in seconds.
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection>;
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError>;
 
     /// Every header the check reads (signature, timestamp, other signed headers): each
     /// must arrive once, or repeated with one value (see `guard`).
@@ -56,7 +56,7 @@ pub trait Verifier: Send + Sync {
         query: Option<&str>,
         body: &[u8],
         now: i64,
-    ) -> Result<(), Rejection> {
+    ) -> Result<(), SignatureError> {
         let _ = query;
         self.verify(headers, body, now)
     }
@@ -209,12 +209,10 @@ impl Route {
         query: Option<&str>,
         body: &Bytes,
         now: i64,
-    ) -> Result<Identity, Refusal> {
-        self.guarded.check(headers).map_err(Refusal::Signature)?;
-        self.verifier
-            .verify_request(headers, query, body, now)
-            .map_err(Refusal::Signature)?;
-        let delivery_key = self.key.extract(headers, body).map_err(Refusal::Key)?;
+    ) -> Result<Identity, IdentifyError> {
+        self.guarded.check(headers)?;
+        self.verifier.verify_request(headers, query, body, now)?;
+        let delivery_key = self.key.extract(headers, body)?;
         Ok(match self.claim_key {
             ClaimKey::Delivery => Identity {
                 claim_key: delivery_key.clone(),
@@ -255,14 +253,16 @@ impl Route {
     }
 }
 
-/// Why the pure half refused a delivery.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Refusal {
-    Signature(Rejection),
-    Key(KeyError),
+/// Why `Route::identify`, the pure half, refused a delivery: its signature or its key.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentifyError {
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
 }
 
-/// The preset names SPEC.md lists, whether implemented here or not.
+/// The preset names a route's `provider` may take (all implemented below).
 pub const PROVIDERS: &[&str] = &[
     "standard",
     "github",
@@ -628,7 +628,7 @@ mod tests {
         // the delivery ID is still required
         assert!(matches!(
             r.identify(&h, None, &body, 0),
-            Err(Refusal::Key(KeyError::Missing(_)))
+            Err(IdentifyError::Key(KeyError::Missing(_)))
         ));
         h.insert("x-github-delivery", HeaderValue::from_static("d-1"));
         let a = r.identify(&h, None, &body, 0).unwrap();

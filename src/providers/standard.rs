@@ -12,7 +12,7 @@ use hmac::{KeyInit, Mac};
 use http::HeaderMap;
 use subtle::ConstantTimeEq;
 
-use super::{FieldError, Rejection, Verifier};
+use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -77,24 +77,24 @@ pub(crate) fn header_str<'a>(
     headers: &'a HeaderMap,
     name: &str,
     missing: &'static str,
-) -> Result<&'a str, Rejection> {
+) -> Result<&'a str, SignatureError> {
     headers
         .get(name)
-        .ok_or(Rejection::Malformed(missing))?
+        .ok_or(SignatureError::Malformed(missing))?
         .to_str()
-        .map_err(|_| Rejection::Malformed(missing))
+        .map_err(|_| SignatureError::Malformed(missing))
 }
 
 /// Parses a Unix-seconds timestamp and checks it lies within `tolerance` of `now`,
 /// in both directions; exactly `tolerance` away is still accepted.
-pub(crate) fn check_timestamp(text: &str, now: i64, tolerance: i64) -> Result<i64, Rejection> {
+pub(crate) fn check_timestamp(text: &str, now: i64, tolerance: i64) -> Result<i64, SignatureError> {
     let ts: i64 = text
         .trim()
         .parse()
-        .map_err(|_| Rejection::Malformed("the timestamp is not an integer"))?;
+        .map_err(|_| SignatureError::Malformed("the timestamp is not an integer"))?;
     match now.checked_sub(ts) {
         Some(delta) if delta.unsigned_abs() <= tolerance.unsigned_abs() => Ok(ts),
-        _ => Err(Rejection::Invalid(
+        _ => Err(SignatureError::Invalid(
             "the timestamp is outside the tolerance window",
         )),
     }
@@ -105,7 +105,7 @@ impl Verifier for StandardWebhooks {
         super::guard::names(&["webhook-id", "webhook-timestamp", "webhook-signature"])
     }
 
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let id = header_str(headers, "webhook-id", "missing webhook-id header")?;
         let ts = header_str(
             headers,
@@ -173,7 +173,7 @@ impl Verifier for StandardWebhooks {
                 _ => {}
             }
         }
-        Err(Rejection::Invalid("no signature matches"))
+        Err(SignatureError::Invalid("no signature matches"))
     }
 }
 
@@ -255,12 +255,12 @@ mod tests {
             bad.push(if last == 'A' { 'B' } else { 'A' });
             assert_eq!(
                 w.verify(&headers(&v.msg_id, &ts, &bad), body, v.timestamp),
-                Err(Rejection::Invalid("no signature matches"))
+                Err(SignatureError::Invalid("no signature matches"))
             );
             // partial header
             assert!(matches!(
                 w.verify(&headers(&v.msg_id, &ts, "v1,"), body, v.timestamp),
-                Err(Rejection::Invalid(_))
+                Err(SignatureError::Invalid(_))
             ));
             // non-numeric timestamp
             assert!(matches!(
@@ -269,7 +269,7 @@ mod tests {
                     body,
                     v.timestamp
                 ),
-                Err(Rejection::Malformed(_))
+                Err(SignatureError::Malformed(_))
             ));
             // each header missing
             for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
@@ -277,7 +277,7 @@ mod tests {
                 h.remove(name);
                 assert!(matches!(
                     w.verify(&h, body, v.timestamp),
-                    Err(Rejection::Malformed(_))
+                    Err(SignatureError::Malformed(_))
                 ));
             }
             // ±(300 + 1) s rejected, ±300 s accepted
@@ -285,7 +285,7 @@ mod tests {
             for now in [v.timestamp + 301, v.timestamp - 301] {
                 assert!(matches!(
                     w.verify(&h, body, now),
-                    Err(Rejection::Invalid(_))
+                    Err(SignatureError::Invalid(_))
                 ));
             }
             for now in [v.timestamp + 300, v.timestamp - 300] {
@@ -324,7 +324,7 @@ mod tests {
                 v.payload.as_bytes(),
                 v.timestamp
             ),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         // empty signature header
         assert!(matches!(
@@ -333,7 +333,7 @@ mod tests {
                 v.payload.as_bytes(),
                 v.timestamp
             ),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 
@@ -353,7 +353,7 @@ mod tests {
                 b"x",
                 0
             ),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
     }
 

@@ -11,7 +11,7 @@ use subtle::ConstantTimeEq;
 
 use super::hmac_scheme::HashAlg;
 use super::standard::{check_timestamp, header_str};
-use super::{FieldError, Rejection, Verifier};
+use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
 /// At most this many entries of the header are looked at.
@@ -36,7 +36,7 @@ impl Verifier for Stripe {
         super::guard::names(&["stripe-signature"])
     }
 
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let header = header_str(
             headers,
             "stripe-signature",
@@ -58,12 +58,14 @@ impl Verifier for Stripe {
                 _ => {}
             }
         }
-        let ts = ts.ok_or(Rejection::Malformed(
+        let ts = ts.ok_or(SignatureError::Malformed(
             "the Stripe-Signature header has no timestamp (t=)",
         ))?;
         check_timestamp(ts, now, self.tolerance)?;
         if v1.is_empty() {
-            return Err(Rejection::Invalid("no v1 signature in Stripe-Signature"));
+            return Err(SignatureError::Invalid(
+                "no v1 signature in Stripe-Signature",
+            ));
         }
         for key in &self.keys {
             let mac = HashAlg::Sha256.hmac(key, &[ts.as_bytes(), b".", body]);
@@ -71,7 +73,7 @@ impl Verifier for Stripe {
                 return Ok(());
             }
         }
-        Err(Rejection::Invalid("no signature matches"))
+        Err(SignatureError::Invalid("no signature matches"))
     }
 }
 
@@ -133,7 +135,7 @@ mod tests {
         for now in [v.ts + 301, v.ts - 301] {
             assert!(matches!(
                 s.verify(&h(&v.header), b, now),
-                Err(Rejection::Invalid(_))
+                Err(SignatureError::Invalid(_))
             ));
         }
     }
@@ -144,7 +146,7 @@ mod tests {
         let stripped = verifier(&[v.secret.strip_prefix("whsec_").unwrap()]);
         assert!(matches!(
             stripped.verify(&h(&v.header), v.body.as_bytes(), v.ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 
@@ -159,7 +161,7 @@ mod tests {
         let header = format!("t={},v0={}", v.ts, v.v1);
         assert!(matches!(
             s.verify(&h(&header), b, v.ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 
@@ -173,14 +175,14 @@ mod tests {
         fb[3] ^= 1;
         assert!(matches!(
             s.verify(&h(&v.header), &fb, v.ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         let mut sig = v.v1.clone();
         sig.replace_range(0..1, if sig.starts_with('0') { "1" } else { "0" });
         let bad = format!("t={},v1={sig}", v.ts);
         assert!(matches!(
             s.verify(&h(&bad), b, v.ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         assert!(
             verifier(&["whsec_other"])
@@ -191,28 +193,28 @@ mod tests {
         let moved = format!("t={},v1={}", v.ts + 1, v.v1);
         assert!(matches!(
             s.verify(&h(&moved), b, v.ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
         // missing header, missing t, non-integer t
         assert!(matches!(
             s.verify(&HeaderMap::new(), b, v.ts),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         let no_t = format!("v1={}", v.v1);
         assert!(matches!(
             s.verify(&h(&no_t), b, v.ts),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         let bad_t = format!("t=abc,v1={}", v.v1);
         assert!(matches!(
             s.verify(&h(&bad_t), b, v.ts),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
         // no v1 at all
         let none = format!("t={}", v.ts);
         assert!(matches!(
             s.verify(&h(&none), b, v.ts),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 }

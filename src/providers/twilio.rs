@@ -17,7 +17,7 @@ use subtle::ConstantTimeEq;
 
 use super::hmac_scheme::HashAlg;
 use super::standard::header_str;
-use super::{FieldError, Rejection, Verifier};
+use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
 pub struct Twilio {
@@ -62,7 +62,7 @@ impl Twilio {
         headers: &HeaderMap,
         query: Option<&str>,
         body: &[u8],
-    ) -> Result<Vec<u8>, Rejection> {
+    ) -> Result<Vec<u8>, SignatureError> {
         let query = query.filter(|q| !q.is_empty()).or(self.query.as_deref());
         let mut out = self.base.clone().into_bytes();
         if let Some(q) = query {
@@ -77,7 +77,9 @@ impl Twilio {
         if let Some(want) = body_sha {
             let got = hex::encode(Sha256::digest(body));
             if !bool::from(got.as_bytes().ct_eq(want.to_ascii_lowercase().as_bytes())) {
-                return Err(Rejection::Invalid("bodySHA256 does not match the body"));
+                return Err(SignatureError::Invalid(
+                    "bodySHA256 does not match the body",
+                ));
             }
             return Ok(out);
         }
@@ -110,7 +112,7 @@ impl Verifier for Twilio {
         super::guard::names(&["x-twilio-signature", "content-type"])
     }
 
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError> {
         self.verify_request(headers, None, body, now)
     }
 
@@ -120,7 +122,7 @@ impl Verifier for Twilio {
         query: Option<&str>,
         body: &[u8],
         _now: i64,
-    ) -> Result<(), Rejection> {
+    ) -> Result<(), SignatureError> {
         let sig = header_str(
             headers,
             "x-twilio-signature",
@@ -128,7 +130,7 @@ impl Verifier for Twilio {
         )?;
         let sig = B64
             .decode(sig.trim())
-            .map_err(|_| Rejection::Invalid("no signature matches"))?;
+            .map_err(|_| SignatureError::Invalid("no signature matches"))?;
         let signed = self.signed(headers, query, body)?;
         let matched = self
             .tokens
@@ -137,7 +139,7 @@ impl Verifier for Twilio {
         if matched {
             Ok(())
         } else {
-            Err(Rejection::Invalid("no signature matches"))
+            Err(SignatureError::Invalid("no signature matches"))
         }
     }
 }
@@ -220,7 +222,7 @@ mod tests {
         let v = vector();
         let t = twilio(&[&v.token], &v.url);
         let b = v.body.as_bytes();
-        let is_invalid = |r| matches!(r, Err(Rejection::Invalid(_)));
+        let is_invalid = |r| matches!(r, Err(SignatureError::Invalid(_)));
         assert!(is_invalid(twilio(&["54321"], &v.url).verify_request(
             &form_headers(&v.sig),
             None,
@@ -259,7 +261,7 @@ mod tests {
         none.remove("x-twilio-signature");
         assert!(matches!(
             t.verify_request(&none, None, b, 0),
-            Err(Rejection::Malformed(_))
+            Err(SignatureError::Malformed(_))
         ));
     }
 
@@ -277,7 +279,7 @@ mod tests {
         assert_eq!(t.verify_request(&h, Some(&query), body, 0), Ok(()));
         assert!(matches!(
             t.verify_request(&h, Some(&query), br#"{"CallSid":"CA2"}"#, 0),
-            Err(Rejection::Invalid(_))
+            Err(SignatureError::Invalid(_))
         ));
     }
 

@@ -19,7 +19,7 @@ use http::HeaderMap;
 use rsa::PublicKey;
 
 use super::standard::{check_timestamp, header_str};
-use super::{FieldError, Rejection, Verifier, rsa_key};
+use super::{FieldError, SignatureError, Verifier, rsa_key};
 use crate::config::Secret;
 
 /// The fields a notification's fingerprint covers: its identity, not the encrypted
@@ -88,7 +88,7 @@ impl Verifier for WechatPay {
         ])
     }
 
-    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), Rejection> {
+    fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError> {
         let sig = header_str(
             headers,
             "wechatpay-signature",
@@ -108,7 +108,9 @@ impl Verifier for WechatPay {
         if let Some(t) = headers.get("wechatpay-signature-type")
             && t.as_bytes() != SIGNATURE_TYPE.as_bytes()
         {
-            return Err(Rejection::Invalid("unsupported Wechatpay-Signature-Type"));
+            return Err(SignatureError::Invalid(
+                "unsupported Wechatpay-Signature-Type",
+            ));
         }
         check_timestamp(ts, now, self.tolerance)?;
         let serial = serial.trim().to_ascii_uppercase();
@@ -117,10 +119,10 @@ impl Verifier for WechatPay {
             .iter()
             .find(|(id, _)| *id == serial)
             .map(|(_, k)| k)
-            .ok_or(Rejection::Invalid("unknown Wechatpay-Serial"))?;
+            .ok_or(SignatureError::Invalid("unknown Wechatpay-Serial"))?;
         let sig = B64
             .decode(sig.trim())
-            .map_err(|_| Rejection::Invalid("no signature matches"))?;
+            .map_err(|_| SignatureError::Invalid("no signature matches"))?;
         let ok = rsa_key::verify_sha256(
             key,
             &[ts.as_bytes(), b"\n", nonce.as_bytes(), b"\n", body, b"\n"],
@@ -129,7 +131,7 @@ impl Verifier for WechatPay {
         if ok {
             Ok(())
         } else {
-            Err(Rejection::Invalid("no signature matches"))
+            Err(SignatureError::Invalid("no signature matches"))
         }
     }
 }
@@ -214,7 +216,7 @@ mod tests {
         let mut h = headers(&v);
         assert!(matches!(
             w.verify(&h, v.body.as_bytes(), v.ts),
-            Err(Rejection::Invalid("unknown Wechatpay-Serial"))
+            Err(SignatureError::Invalid("unknown Wechatpay-Serial"))
         ));
         h.insert(
             "wechatpay-serial",
@@ -228,8 +230,8 @@ mod tests {
         let v = vector();
         let w = verifier(&[secret(None, &v.cert)]);
         let b = v.body.as_bytes();
-        let inv = |r: Result<(), Rejection>| matches!(r, Err(Rejection::Invalid(_)));
-        let mal = |r: Result<(), Rejection>| matches!(r, Err(Rejection::Malformed(_)));
+        let inv = |r: Result<(), SignatureError>| matches!(r, Err(SignatureError::Invalid(_)));
+        let mal = |r: Result<(), SignatureError>| matches!(r, Err(SignatureError::Malformed(_)));
         // outside the window
         assert!(inv(w.verify(&headers(&v), b, v.ts + 301)));
         assert!(inv(w.verify(&headers(&v), b, v.ts - 301)));

@@ -6,13 +6,13 @@ use http::StatusCode;
 use http::header::{self, HeaderName, HeaderValue};
 
 use super::{AsyncMode, QueueEntry, ack_answer};
-use crate::answer::{Answer, Refused, error_answer};
+use crate::answer::{Answer, ErrorAnswer, error_answer};
 use crate::metrics::Outcome;
 use crate::store::{DeliveryKey, Token, unix_millis};
 use crate::upstream;
 
 fn unavailable(code: &'static str, message: &str, outcome: Outcome) -> Answer {
-    let r = Refused {
+    let r = ErrorAnswer {
         outcome,
         status: StatusCode::SERVICE_UNAVAILABLE,
         code,

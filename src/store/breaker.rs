@@ -263,7 +263,7 @@ impl<S: Store> Store for Breaker<S> {
         self.inner.confirms_completions()
     }
 
-    // The delivery log (issue 8) passes through the breaker with the same rule as the
+    // The delivery log (the operator's reads) passes through the breaker with the same rule as the
     // plain calls: a claim is held back while the circuit is open, settlements are
     // always attempted, and operator reads/forgets go straight to the store.
 

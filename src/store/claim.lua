@@ -4,7 +4,7 @@
 -- ARGV[4] now (unix ms), ARGV[5] retention ms
 -- Returns {'claimed'} | {'completed', status, headers, body} |
 --         {'in_flight', remaining lease ms} | {'mismatch'} | {'queued'}
--- Delivery log (issue 8), all optional: KEYS[3] the route's recent index (absent on
+-- Delivery log, all optional: KEYS[3] the route's recent index (absent on
 -- Redis Cluster, where it would be a second slot), ARGV[6] index cap, ARGV[7] the
 -- delivery's key (index member), ARGV[8] '1' = an operator's replay (a forced
 -- re-claim of a completed key), ARGV[9..12] the kept request: method, path, headers, body

@@ -2,7 +2,7 @@
 -- KEYS[1] state hash, KEYS[2] lock
 -- ARGV[1] owner token, ARGV[2] status, ARGV[3] headers, ARGV[4] body,
 -- ARGV[5] now (unix ms), ARGV[6] retention ms
--- Delivery log (issue 8), optional: ARGV[7] outcome, ARGV[8] upstream status,
+-- Delivery log, optional: ARGV[7] outcome, ARGV[8] upstream status,
 -- ARGV[9] latency ms. The recent index is not touched: the claim put the delivery
 -- there, and its score (the claim's time) orders it well enough for "newest first";
 -- three fewer calls on every first delivery (BENCHMARKS.md, "What holds the figures").

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::providers::Fingerprint;
 
-/// The delivery log (issue 8) in memory.
+/// The delivery log (the operator's view of each delivery) in memory.
 mod log;
 
 struct Entry {
@@ -28,7 +28,7 @@ struct Entry {
     last_seen: u64,
     /// When the whole entry is forgotten (retention).
     expires_at: Instant,
-    /// The delivery log's extra fields (issue 8).
+    /// The delivery log's extra fields: outcome, upstream status, latency, kept request.
     log: log::Extra,
     /// An operator's replay of a completed key holds (or held) the claim: unless it
     /// records a new answer, the key stays completed with its old one (`restore` in

@@ -27,7 +27,7 @@ use super::connection::Connection;
 
 /// A `redis://` server in cluster mode.
 mod cluster_mode;
-/// The delivery log (issue 8): extra arguments to the same scripts, and the reads.
+/// The delivery log: extra arguments to the same scripts, and the reads.
 mod log;
 use super::{
     Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,

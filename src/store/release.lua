@@ -13,7 +13,7 @@ local s = redis.call('HMGET', KEYS[1], 'status', 'restore', 'resp_status')
 if not s[1] then
   return 1
 end
--- Delivery log (issue 8), optional: ARGV[3] outcome, ARGV[4] upstream status ('' when
+-- Delivery log, optional: ARGV[3] outcome, ARGV[4] upstream status ('' when
 -- none), ARGV[5] latency ms, ARGV[6] '1' = put a completed key back to completed (a
 -- failed operator replay: the original answer stands); KEYS[3] the recent index (not
 -- on Cluster), ARGV[7] the delivery's key, ARGV[8] index cap, ARGV[9] the index's

@@ -1,4 +1,4 @@
-//! The operator console on `admin_listen` (issue 8), everything under `/admin/`:
+//! The operator console on `admin_listen`, everything under `/admin/`:
 //!
 //! - the JSON API, `Authorization: Bearer <token>`: `GET /admin/deliveries`,
 //!   `GET|DELETE /admin/deliveries/{route}/{key}`, `POST …/{route}/{key}/replay`;

@@ -1,4 +1,4 @@
-//! The admin API (issue 8) against the real binary and a real redis-server: auth,
+//! The admin API against the real binary and a real redis-server: auth,
 //! list (filters, pagination), show, forget, replay — including a replay that reaches
 //! the application exactly once while 20 provider copies arrive at the same time.
 
@@ -483,7 +483,7 @@ async fn memory_cost_of_a_log_entry() {
         .cli(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
         .parse()
         .unwrap();
-    // The same hash without the log fields, as before issue 8.
+    // The same hash without the log fields, as before the delivery log existed.
     redis.cli(&["HDEL", &key, "outcome", "up_status", "latency_ms"]);
     let bare: u64 = redis
         .cli(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
@@ -523,7 +523,7 @@ async fn memory_cost_of_a_log_entry() {
         .unwrap();
     let per_member = (after - before) / 1000;
     println!(
-        "MEMORY: status hash before issue 8 = {bare} B, with log fields = {hash} B (+{}), with kept request ({} B body) = {kept} B; recent index ≈ {per_member} B per member",
+        "MEMORY: status hash without the log = {bare} B, with log fields = {hash} B (+{}), with kept request ({} B body) = {kept} B; recent index ≈ {per_member} B per member",
         hash - bare,
         d2.body.len()
     );

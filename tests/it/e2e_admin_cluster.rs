@@ -1,4 +1,4 @@
-//! The delivery log on a Redis Cluster (issue 8). The recent index would be a second
+//! The delivery log on a Redis Cluster. The recent index would be a second
 //! slot, which a script may not touch, so on a cluster it is not written: listing
 //! answers 501 and says why, while show, replay and forget (by key) work, and the
 //! hot path keeps its single-slot scripts.

@@ -1,4 +1,4 @@
-//! The delivery log adds no round trip (issue 8): with the admin API on and
+//! The delivery log adds no round trip: with the admin API on and
 //! `keep_payload = true`, a first delivery is still claim + complete, a copy one claim,
 //! and a failed one claim + release — counted with `MONITOR`, as in e2e_roundtrips.rs
 //! (both use `common::monitor::Monitor`).

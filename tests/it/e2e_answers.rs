@@ -1,4 +1,4 @@
-//! End-to-end: every row of SPEC.md's "What each delivery gets" table, against
+//! End-to-end: every row of README's "What each delivery gets" table, against
 //! the real binary, a recording upstream and (where the store matters) both a
 //! private redis-server and the in-memory store.
 

@@ -1,4 +1,4 @@
-//! `idemgate deliveries list|show|forget|replay` (issue 8): the binary run against a
+//! `idemgate deliveries list|show|forget|replay` : the binary run against a
 //! real redis-server that a running sidecar filled, with the sidecar's own config.
 
 use std::process::{Command, Output};

@@ -1,4 +1,4 @@
-//! The web console (issue 8) in a real headless Chromium: sign in through the form,
+//! The web console in a real headless Chromium: sign in through the form,
 //! load the list (a screenshot is saved), open a delivery, press replay, confirm, and
 //! see the application receive the request again. Also: the cookie's flags and the
 //! CSRF check, from a plain HTTP client.

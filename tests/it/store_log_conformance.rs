@@ -1,4 +1,4 @@
-//! The delivery log's store semantics (issue 8), written once and run against the
+//! The delivery log's store semantics, written once and run against the
 //! Redis store on a private redis-server and the in-memory store: what claim, complete
 //! and release record, the operator's forced claim (and every way its claim can end),
 //! forget, the recent list, and the queue's transitions as claims see them. Every case

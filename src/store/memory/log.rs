@@ -1,4 +1,4 @@
-//! The delivery log in memory (issue 8): the same fields as on Redis, kept on each
+//! The delivery log in memory: the same fields as on Redis, kept on each
 //! entry, so the admin API, the console and their tests work on `store.url = "memory"`
 //! (one replica's deliveries only). Listing scans the map: fine for the single,
 //! local process this store is for.

@@ -1,4 +1,4 @@
-//! The delivery log on Redis (issue 8).
+//! The delivery log on Redis: the operator's reads of each delivery's status hash.
 //!
 //! The log is the status hash itself, plus a few fields written by the same claim,
 //! complete and release scripts (extra ARGV, so no extra round trip): `outcome`,

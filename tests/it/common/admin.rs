@@ -1,4 +1,4 @@
-//! Helpers for the admin API, CLI and console tests (issue 8).
+//! Helpers for the admin API, CLI and console tests.
 
 use std::time::Duration;
 
