@@ -272,8 +272,7 @@ impl<S: Store> Gate<S> {
         let (outcome, answer) =
             Box::pin(self.deliver(&entry.route, &entry.metrics, req, &mut key_for_log)).await;
         let elapsed = started.elapsed();
-        entry.metrics.record(outcome, elapsed.as_secs_f64());
-        self.console.activity.record(&entry.route.name, outcome);
+        entry.metrics.record_handled(outcome, elapsed.as_secs_f64());
         tracing::info!(
             route = &*entry.route.name,
             key = key_for_log.as_deref().unwrap_or("-"),
@@ -343,7 +342,7 @@ impl<S: Store> Gate<S> {
         let upstream_key = route.idempotency_header(&identity.delivery_key);
         *key_for_log = Some(identity.delivery_key);
         // The delivery log keeps the request for an operator's replay (opt-in per route).
-        let kept = if self.console.keeps_payload(&route.name) {
+        let kept = if route.keep_payload {
             crate::store::log::KeptRequest::capture(
                 &parts.method,
                 &route.upstream_target(parts.uri.path(), parts.uri.query()),

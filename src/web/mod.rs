@@ -10,11 +10,10 @@
 //! and the probes stay open either way. Every action is logged (target
 //! `idemgate::audit`) with the token's name and what was done.
 
-pub mod activity;
 mod api;
 mod pages;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,6 @@ use crate::config::Config;
 use crate::deliveries::audit::audit;
 use crate::gate::Gate;
 use crate::store::Store;
-pub use activity::Activity;
 
 pub use crate::answer::Answer;
 
@@ -52,8 +50,6 @@ struct Session {
 pub struct Console {
     /// (name, secret) of each admin token.
     tokens: Vec<(String, Vec<u8>)>,
-    pub activity: Activity,
-    keep_payload: HashSet<String>,
     routes: Vec<String>,
     sessions: Mutex<HashMap<String, Session>>,
 }
@@ -73,13 +69,6 @@ impl Console {
                 .iter()
                 .map(|t| (t.name.clone(), t.secret.value.clone()))
                 .collect(),
-            activity: Activity::new(config.routes.iter().map(|r| r.name.as_str())),
-            keep_payload: config
-                .routes
-                .iter()
-                .filter(|r| r.keep_payload)
-                .map(|r| r.name.clone())
-                .collect(),
             routes: config.routes.iter().map(|r| r.name.clone()).collect(),
             sessions: Mutex::new(HashMap::new()),
         }
@@ -88,11 +77,6 @@ impl Console {
     /// Whether `/admin/` is on (at least one token is configured).
     pub fn enabled(&self) -> bool {
         !self.tokens.is_empty()
-    }
-
-    /// Whether deliveries of `route` keep their request for replay.
-    pub fn keeps_payload(&self, route: &str) -> bool {
-        !self.keep_payload.is_empty() && self.keep_payload.contains(route)
     }
 
     pub fn routes(&self) -> &[String] {

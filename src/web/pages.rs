@@ -9,12 +9,12 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
-use super::activity::SERIES;
 use super::api::list_query;
 use super::{Answer, Caller, query_pairs, redirect, seg};
 use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
 use crate::gate::Gate;
+use crate::metrics::activity::SERIES;
 use crate::store::log::{Forgot, LogEntry, LogSupport};
 use crate::store::{DeliveryKey, Store};
 
@@ -230,7 +230,7 @@ pub(crate) async fn list<S: Store>(gate: &Gate<S>, caller: &Caller, query: Optio
     let console = gate.console();
     let mut body = String::from("<h1>Deliveries</h1><div class=charts>");
     for r in console.routes() {
-        body.push_str(&chart(r, &console.activity.last_hour(r)));
+        body.push_str(&chart(r, &gate.metrics().last_hour(r)));
     }
     body.push_str("</div>");
     let q = query_pairs(query);
