@@ -273,6 +273,7 @@ fn whole_delivery(c: &mut Criterion) {
                 &routes,
                 MemoryStore::new(lifetimes),
                 Arc::new(Metrics::new()),
+                None,
             )
             .unwrap(),
         )

@@ -1,5 +1,5 @@
-//! The operations surface on `admin_listen`: `/healthz`, `/readyz`, `/metrics`, and
-//! the operator console under `/admin/` (see `web`).
+//! The operations surface on `admin_listen`: `/healthz`, `/readyz`, `/metrics` (the
+//! app sends `/admin/` to the operator console).
 //! Kept on its own listener so that provider traffic can never reach it.
 
 use bytes::Bytes;
@@ -7,7 +7,7 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::gate::Gate;
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
@@ -20,22 +20,17 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-pub async fn handle<S: Store, B>(gate: &Gate<S>, req: Request<B>) -> Response<Full<Bytes>>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    // The operator console and admin API: off (404) without an admin token.
-    let path = req.uri().path();
-    if path == "/admin" || path.starts_with("/admin/") {
-        return crate::web::handle(gate, req).await;
-    }
+pub async fn handle<S: Store, B>(
+    store: &S,
+    metrics: &Metrics,
+    req: Request<B>,
+) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" => match gate.store().ping().await {
+        "/readyz" => match store.ping().await {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(e) => {
                 tracing::debug!(error = %e, "not ready");
@@ -43,10 +38,10 @@ where
             }
         },
         "/metrics" => {
-            gate.metrics()
+            metrics
                 .store_circuit_open
-                .set(i64::from(gate.store().circuit_open()));
-            let mut r = Response::new(Full::new(Bytes::from(gate.metrics().render())));
+                .set(i64::from(store.circuit_open()));
+            let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
             r.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -59,10 +59,8 @@ pub struct Gate<S> {
     in_flight: InFlightPolicy,
     wait_timeout: Duration,
     lease: Duration,
-    /// The operator console's state: tokens, sessions, per-minute activity.
-    console: Arc<crate::web::Console>,
-    /// The async routes' queue hand-off (docs/async.md); set once at start.
-    async_mode: std::sync::OnceLock<Arc<crate::queue::AsyncMode>>,
+    /// The async routes' queue hand-off (docs/async.md), built before the gate.
+    async_mode: Option<Arc<crate::queue::AsyncMode>>,
 }
 
 /// What to do after a claim attempt: the pure decision of the answer table.
@@ -142,6 +140,7 @@ impl<S: Store> Gate<S> {
         built: &providers::Routes,
         store: S,
         metrics: Arc<Metrics>,
+        async_mode: Option<Arc<crate::queue::AsyncMode>>,
     ) -> Result<Self, crate::config::ConfigError> {
         let mut routes = HashMap::with_capacity(config.routes.len());
         for (i, rc) in config.routes.iter().enumerate() {
@@ -165,18 +164,8 @@ impl<S: Store> Gate<S> {
             in_flight: config.dedup.in_flight,
             wait_timeout: config.dedup.wait_timeout,
             lease: config.dedup.lease,
-            console: Arc::new(crate::web::Console::new(config)),
-            async_mode: std::sync::OnceLock::new(),
+            async_mode,
         })
-    }
-
-    /// Turns on async mode for the async routes (once, at start).
-    pub fn set_async_mode(&self, mode: Arc<crate::queue::AsyncMode>) {
-        let _ = self.async_mode.set(mode);
-    }
-
-    pub fn async_mode(&self) -> Option<&Arc<crate::queue::AsyncMode>> {
-        self.async_mode.get()
     }
 
     /// The queue hand-off and policy of `route`, when it is an async route.
@@ -184,7 +173,7 @@ impl<S: Store> Gate<S> {
         &self,
         route: &Route,
     ) -> Option<(&Arc<crate::queue::AsyncMode>, &crate::config::AsyncRoute)> {
-        let mode = self.async_mode.get()?;
+        let mode = self.async_mode.as_ref()?;
         Some((mode, mode.route(&route.name)?))
     }
 
@@ -221,11 +210,6 @@ impl<S: Store> Gate<S> {
             )
             .retry_after(1),
         )
-    }
-
-    /// The operator console's state (tokens, sessions, activity).
-    pub fn console(&self) -> &crate::web::Console {
-        &self.console
     }
 
     /// The forwarding client (for an operator's replay).
@@ -272,8 +256,7 @@ impl<S: Store> Gate<S> {
         let (outcome, answer) =
             Box::pin(self.deliver(&entry.route, &entry.metrics, req, &mut key_for_log)).await;
         let elapsed = started.elapsed();
-        entry.metrics.record(outcome, elapsed.as_secs_f64());
-        self.console.activity.record(&entry.route.name, outcome);
+        entry.metrics.record_handled(outcome, elapsed.as_secs_f64());
         tracing::info!(
             route = &*entry.route.name,
             key = key_for_log.as_deref().unwrap_or("-"),
@@ -343,7 +326,7 @@ impl<S: Store> Gate<S> {
         let upstream_key = route.idempotency_header(&identity.delivery_key);
         *key_for_log = Some(identity.delivery_key);
         // The delivery log keeps the request for an operator's replay (opt-in per route).
-        let kept = if self.console.keeps_payload(&route.name) {
+        let kept = if route.keep_payload {
             crate::store::log::KeptRequest::capture(
                 &parts.method,
                 &route.upstream_target(parts.uri.path(), parts.uri.query()),

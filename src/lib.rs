@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod answer;
+pub mod app;
 pub mod config;
 pub mod deliveries;
 pub mod demo;

@@ -28,10 +28,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use crate::admin;
+use crate::app::App;
 use crate::config::{Config, StoreUrl};
 use crate::gate::Gate;
-use crate::metrics::Metrics;
 use crate::providers::Routes;
 use crate::store::{Breaker, Lifetimes, MemoryStore, RedisStore, Store};
 
@@ -82,9 +81,8 @@ pub async fn run(
                 config.store.breaker_threshold,
                 config.store.breaker_cooldown,
             );
-            Bound::bind(&config, &routes, store)
+            Bound::bind_with_queue(&config, &routes, store, Some(queue))
                 .await?
-                .with_queue(&config, &routes, queue)?
                 .serve(shutdown)
                 .await
         }
@@ -107,9 +105,8 @@ pub async fn run(
                 config.store.breaker_threshold,
                 config.store.breaker_cooldown,
             );
-            Bound::bind(&config, &routes, store)
+            Bound::bind_with_queue(&config, &routes, store, Some(queue))
                 .await?
-                .with_queue(&config, &routes, queue)?
                 .serve(shutdown)
                 .await
         }
@@ -120,7 +117,7 @@ pub async fn run(
 pub struct Bound<S> {
     listener: TcpListener,
     admin: TcpListener,
-    gate: Arc<Gate<S>>,
+    app: Arc<App<S>>,
     grace: Duration,
     header_timeout: Duration,
     max_in_flight: usize,
@@ -129,8 +126,18 @@ pub struct Bound<S> {
 
 impl<S: Store> Bound<S> {
     pub async fn bind(config: &Config, routes: &Routes, store: S) -> Result<Self, ServeError> {
-        let metrics = Arc::new(Metrics::new());
-        let gate = Arc::new(Gate::new(config, routes, store, metrics)?);
+        Self::bind_with_queue(config, routes, store, None).await
+    }
+
+    /// As `bind`, with async mode (docs/async.md) on `queue` for the configuration's
+    /// async routes; nothing changes when no route is async.
+    pub async fn bind_with_queue(
+        config: &Config,
+        routes: &Routes,
+        store: S,
+        queue: Option<Arc<dyn crate::queue::QueueBackend>>,
+    ) -> Result<Self, ServeError> {
+        let app = Arc::new(App::new(config, routes, store, queue)?);
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -147,28 +154,12 @@ impl<S: Store> Bound<S> {
         Ok(Bound {
             listener,
             admin,
-            gate,
+            app,
             grace: config.shutdown_grace,
             header_timeout: config.header_timeout,
             max_in_flight: config.max_in_flight,
             max_connections: config.max_connections,
         })
-    }
-
-    /// Turns on async mode (docs/async.md) for the configuration's async routes, on
-    /// `queue`; nothing happens when no route is async.
-    pub fn with_queue(
-        self,
-        config: &Config,
-        routes: &Routes,
-        queue: Arc<dyn crate::queue::QueueBackend>,
-    ) -> Result<Self, ServeError> {
-        if let Some(mode) =
-            crate::queue::AsyncMode::new(config, routes, queue, self.gate.metrics())?
-        {
-            self.gate.set_async_mode(Arc::new(mode));
-        }
-        Ok(self)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -184,7 +175,7 @@ impl<S: Store> Bound<S> {
     }
 
     pub fn gate(&self) -> &Arc<Gate<S>> {
-        &self.gate
+        &self.app.gate
     }
 
     /// Serves until `shutdown` resolves, then stops accepting and drains the
@@ -193,12 +184,13 @@ impl<S: Store> Bound<S> {
         let Bound {
             listener,
             admin,
-            gate,
+            app,
             grace,
             header_timeout,
             max_in_flight,
             max_connections,
         } = self;
+        let gate = app.gate.clone();
         tracing::info!(
             listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
@@ -216,7 +208,7 @@ impl<S: Store> Bound<S> {
             .timer(TokioTimer::new())
             .max_concurrent_streams(MAX_H2_STREAMS)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
-        if let Some(queue) = gate.async_mode() {
+        if let Some(queue) = &app.queue {
             queue.start();
         }
         let graceful = GracefulShutdown::new();
@@ -280,10 +272,10 @@ impl<S: Store> Bound<S> {
                         drop(stream);
                         continue;
                     };
-                    let gate = gate.clone();
+                    let app = app.clone();
                     let svc = service_fn(move |req| {
-                        let gate = gate.clone();
-                        async move { Ok::<_, Infallible>(admin::handle(&gate, req).await) }
+                        let app = app.clone();
+                        async move { Ok::<_, Infallible>(app.admin(req).await) }
                     });
                     let builder = builder.clone();
                     admin_conns.spawn(async move {
@@ -301,7 +293,7 @@ impl<S: Store> Bound<S> {
         drop(listener);
         drop(admin);
         // Queue workers stop taking entries now and finish the calls in hand below.
-        if let Some(queue) = gate.async_mode() {
+        if let Some(queue) = &app.queue {
             queue.stop();
         }
         tracing::info!(
@@ -315,7 +307,7 @@ impl<S: Store> Bound<S> {
             deliveries.wait().await;
         })
         .await;
-        if let Some(queue) = gate.async_mode() {
+        if let Some(queue) = &app.queue {
             queue
                 .wait(grace.saturating_sub(draining_since.elapsed()))
                 .await;

@@ -176,6 +176,8 @@ pub struct Route {
     pub fingerprint: FingerprintRule,
     pub claim_key: ClaimKey,
     pub success: SuccessRule,
+    /// Whether the delivery log keeps this route's requests for an operator's replay.
+    pub keep_payload: bool,
     /// For `ClaimKey::Content`: headers hashed with the body, because one body may
     /// legitimately arrive as several events (Shopify sends one order JSON as
     /// `orders/create` and `orders/paid`).
@@ -486,6 +488,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             SuccessRule::Any2xx
         },
         tolerance: preset.tolerance,
+        keep_payload: cfg.keep_payload,
         key_header_prefix: format!("{}:", cfg.name),
     })
 }

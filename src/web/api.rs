@@ -3,10 +3,9 @@
 use http::header::{self, HeaderValue};
 use http::{Method, StatusCode};
 
-use super::{Answer, Caller, json, json_error, query_pairs};
+use super::{Answer, Caller, Console, Operator, json, json_error, query_pairs};
 use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
-use crate::gate::Gate;
 use crate::store::log::{Cursor, Forgot, ListQuery, LogSupport};
 use crate::store::{DeliveryKey, Status, Store, StoreError};
 
@@ -65,15 +64,16 @@ pub(crate) fn list_query(routes: &[String], query: Option<&str>) -> Result<ListQ
 }
 
 pub(crate) async fn handle<S: Store>(
-    gate: &Gate<S>,
+    console: &Console,
+    op: &Operator<'_, S>,
     caller: &Caller,
     method: &Method,
     segs: &[&str],
     query: Option<&str>,
 ) -> Answer {
-    let store = gate.store();
+    let store = op.store;
     if segs.first() == Some(&"dead-letters") {
-        return dead_letters(gate, caller, method, &segs[1..], query).await;
+        return dead_letters(op, caller, method, &segs[1..], query).await;
     }
     if store.log_support() == LogSupport::None {
         return no_log();
@@ -87,7 +87,7 @@ pub(crate) async fn handle<S: Store>(
                     "the recent-deliveries list is not kept on Redis Cluster; show, forget and replay by key work",
                 );
             }
-            let q = match list_query(gate.console().routes(), query) {
+            let q = match list_query(console.routes(), query) {
                 Ok(q) => q,
                 Err(m) => return json_error(StatusCode::BAD_REQUEST, "bad_request", &m),
             };
@@ -130,7 +130,7 @@ pub(crate) async fn handle<S: Store>(
         }
         (&Method::POST, [route, key, "replay"]) => {
             let dkey = DeliveryKey::new(*route, *key);
-            let r = deliveries::replay(store, gate.upstream(), &dkey, gate.lease()).await;
+            let r = deliveries::replay(store, op.upstream, &dkey, op.lease).await;
             replay_answer(caller, route, key, r)
         }
         _ => json_error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),
@@ -188,13 +188,13 @@ fn replay_answer(
 /// lists a route's dead-letter stream, oldest first; `POST
 /// /admin/dead-letters/{route}/{id}/redrive` puts one back in the route's queue.
 async fn dead_letters<S: Store>(
-    gate: &Gate<S>,
+    op: &Operator<'_, S>,
     caller: &Caller,
     method: &Method,
     segs: &[&str],
     query: Option<&str>,
 ) -> Answer {
-    let Some(queue) = gate.async_mode() else {
+    let Some(queue) = op.queue else {
         return json_error(
             StatusCode::NOT_FOUND,
             "no_async_routes",

@@ -10,11 +10,10 @@
 //! and the probes stay open either way. Every action is logged (target
 //! `idemgate::audit`) with the token's name and what was done.
 
-pub mod activity;
 mod api;
 mod pages;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -27,11 +26,20 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::deliveries::audit::audit;
-use crate::gate::Gate;
+use crate::metrics::Metrics;
+use crate::queue::AsyncMode;
 use crate::store::Store;
-pub use activity::Activity;
 
 pub use crate::answer::Answer;
+
+/// The borrowed handles an operator's action uses (not the whole gate).
+pub struct Operator<'a, S> {
+    pub store: &'a S,
+    pub upstream: &'a crate::upstream::Upstream,
+    /// How long a replay's claim holds without renewal.
+    pub lease: Duration,
+    pub queue: Option<&'a AsyncMode>,
+}
 
 /// The session cookie's name.
 const COOKIE: &str = "idemgate_session";
@@ -52,9 +60,9 @@ struct Session {
 pub struct Console {
     /// (name, secret) of each admin token.
     tokens: Vec<(String, Vec<u8>)>,
-    pub activity: Activity,
-    keep_payload: HashSet<String>,
     routes: Vec<String>,
+    /// Where the per-minute activity of each route is read from.
+    metrics: std::sync::Arc<Metrics>,
     sessions: Mutex<HashMap<String, Session>>,
 }
 
@@ -66,21 +74,15 @@ pub(crate) struct Caller {
 }
 
 impl Console {
-    pub fn new(config: &Config) -> Console {
+    pub fn new(config: &Config, metrics: std::sync::Arc<Metrics>) -> Console {
         Console {
             tokens: config
                 .admin_tokens
                 .iter()
                 .map(|t| (t.name.clone(), t.secret.value.clone()))
                 .collect(),
-            activity: Activity::new(config.routes.iter().map(|r| r.name.as_str())),
-            keep_payload: config
-                .routes
-                .iter()
-                .filter(|r| r.keep_payload)
-                .map(|r| r.name.clone())
-                .collect(),
             routes: config.routes.iter().map(|r| r.name.clone()).collect(),
+            metrics,
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -90,9 +92,9 @@ impl Console {
         !self.tokens.is_empty()
     }
 
-    /// Whether deliveries of `route` keep their request for replay.
-    pub fn keeps_payload(&self, route: &str) -> bool {
-        !self.keep_payload.is_empty() && self.keep_payload.contains(route)
+    /// The last hour of `route`'s activity, for the chart.
+    fn last_hour(&self, route: &str) -> Vec<[u64; crate::metrics::activity::SERIES.len()]> {
+        self.metrics.last_hour(route)
     }
 
     pub fn routes(&self) -> &[String] {
@@ -267,12 +269,11 @@ where
 }
 
 /// Everything under `/admin` (see the module documentation).
-pub async fn handle<S: Store, B>(gate: &Gate<S>, req: Request<B>) -> Answer
+pub async fn handle<S: Store, B>(console: &Console, op: Operator<'_, S>, req: Request<B>) -> Answer
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let console = gate.console();
     if !console.enabled() {
         return not_found();
     }
@@ -306,7 +307,7 @@ where
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
         };
-        return api::handle(gate, &caller, &method, &segs[1..], query).await;
+        return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }
 
     // The web page: a session cookie, CSRF tokens on every form that changes something.
@@ -346,7 +347,7 @@ where
         return redirect("/admin/login");
     };
     match (method.as_str(), &segs[1..]) {
-        ("GET", [] | [""]) => pages::list(gate, &caller, query).await,
+        ("GET", [] | [""]) => pages::list(console, &op, &caller, query).await,
         ("POST", ["logout"]) => {
             let form = read_form(body).await.unwrap_or_default();
             let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
@@ -369,7 +370,7 @@ where
             );
             r
         }
-        ("GET", ["view", route, key]) => pages::detail(gate, &caller, route, key, query).await,
+        ("GET", ["view", route, key]) => pages::detail(&op, &caller, route, key, query).await,
         ("GET", ["view", route, key, "confirm"]) => {
             let action = query_pairs(query)
                 .get("action")
@@ -389,7 +390,7 @@ where
                     "This form is out of date (CSRF check failed). Go back, reload and try again.",
                 );
             }
-            pages::act(gate, &caller, route, key, action).await
+            pages::act(&op, &caller, route, key, action).await
         }
         _ => not_found(),
     }
@@ -409,7 +410,7 @@ mod tests {
     }
 
     fn console(toml: &str) -> Result<Console, crate::config::ConfigError> {
-        Config::from_toml_with_env(toml, env).map(|c| Console::new(&c))
+        Config::from_toml_with_env(toml, env).map(|c| Console::new(&c, Default::default()))
     }
 
     #[test]
@@ -443,7 +444,7 @@ mod tests {
     #[test]
     fn without_a_token_the_console_is_off_and_check_config_redacts_tokens() {
         let c = Config::from_toml_with_env("", |_| None).unwrap();
-        assert!(!Console::new(&c).enabled());
+        assert!(!Console::new(&c, Default::default()).enabled());
         let c = Config::from_toml_with_env(r#"admin_token = "ops=env:OPS""#, env).unwrap();
         let shown = c.redacted_toml();
         assert!(shown.contains("ops=env:OPS"), "{shown}");

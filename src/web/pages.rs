@@ -9,12 +9,11 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
-use super::activity::SERIES;
 use super::api::list_query;
-use super::{Answer, Caller, query_pairs, redirect, seg};
+use super::{Answer, Caller, Console, Operator, query_pairs, redirect, seg};
 use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
-use crate::gate::Gate;
+use crate::metrics::activity::SERIES;
 use crate::store::log::{Forgot, LogEntry, LogSupport};
 use crate::store::{DeliveryKey, Store};
 
@@ -226,11 +225,15 @@ fn row(e: &LogEntry) -> String {
     )
 }
 
-pub(crate) async fn list<S: Store>(gate: &Gate<S>, caller: &Caller, query: Option<&str>) -> Answer {
-    let console = gate.console();
+pub(crate) async fn list<S: Store>(
+    console: &Console,
+    op: &Operator<'_, S>,
+    caller: &Caller,
+    query: Option<&str>,
+) -> Answer {
     let mut body = String::from("<h1>Deliveries</h1><div class=charts>");
     for r in console.routes() {
-        body.push_str(&chart(r, &console.activity.last_hour(r)));
+        body.push_str(&chart(r, &console.last_hour(r)));
     }
     body.push_str("</div>");
     let q = query_pairs(query);
@@ -266,7 +269,7 @@ pub(crate) async fn list<S: Store>(gate: &Gate<S>, caller: &Caller, query: Optio
          <label>Last outcome<select name=outcome>{outcomes}</select></label>\
          <button type=submit>Filter</button></form>"
     );
-    let store = gate.store();
+    let store = op.store;
     match store.log_support() {
         LogSupport::None => {
             body.push_str("<p class=warn>This store keeps no delivery log.</p>")
@@ -316,13 +319,13 @@ pub(crate) async fn list<S: Store>(gate: &Gate<S>, caller: &Caller, query: Optio
 }
 
 pub(crate) async fn detail<S: Store>(
-    gate: &Gate<S>,
+    op: &Operator<'_, S>,
     caller: &Caller,
     route: &str,
     key: &str,
     query: Option<&str>,
 ) -> Answer {
-    let entry = match gate.store().log_entry(&DeliveryKey::new(route, key)).await {
+    let entry = match op.store.log_entry(&DeliveryKey::new(route, key)).await {
         Ok(Some(e)) => e,
         Ok(None) => {
             return page(
@@ -470,7 +473,7 @@ pub(crate) fn confirm(caller: &Caller, route: &str, key: &str, action: &str) -> 
 }
 
 pub(crate) async fn act<S: Store>(
-    gate: &Gate<S>,
+    op: &Operator<'_, S>,
     caller: &Caller,
     route: &str,
     key: &str,
@@ -478,7 +481,7 @@ pub(crate) async fn act<S: Store>(
 ) -> Answer {
     let dkey = DeliveryKey::new(route, key);
     let done = if action == "forget" {
-        let r = gate.store().forget(&dkey).await;
+        let r = op.store.forget(&dkey).await;
         let text = match &r {
             Ok(Forgot::Forgotten) => "forgotten".to_string(),
             Ok(Forgot::NotFound) => "not_found".to_string(),
@@ -491,7 +494,7 @@ pub(crate) async fn act<S: Store>(
         }
         format!("Forget refused: {text}")
     } else {
-        let r = deliveries::replay(gate.store(), gate.upstream(), &dkey, gate.lease()).await;
+        let r = deliveries::replay(op.store, op.upstream, &dkey, op.lease).await;
         match r {
             Ok(d) => {
                 audit(

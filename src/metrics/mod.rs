@@ -2,6 +2,12 @@
 //! resolved once at start, so recording an outcome on the hot path is an atomic add,
 //! with no label lookup or allocation.
 
+pub mod activity;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use activity::RouteActivity;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -173,6 +179,8 @@ pub struct Metrics {
     /// Webhook connections closed at once because `max_connections` were open.
     pub connections_refused: IntCounter,
     queue: QueueFamilies,
+    /// The per-minute activity ring of each configured route, read by the console.
+    activity: Mutex<HashMap<String, Arc<RouteActivity>>>,
 }
 
 /// The async queues' metric families (docs/async.md).
@@ -214,6 +222,8 @@ pub struct RouteMetrics {
     requests: Vec<Option<(IntCounter, Histogram)>>,
     pub upstream: Histogram,
     pub lease_lost: IntCounter,
+    /// The route's per-minute ring (none for the no-route `-` metrics, never charted).
+    activity: Option<Arc<RouteActivity>>,
 }
 
 impl RouteMetrics {
@@ -221,6 +231,15 @@ impl RouteMetrics {
         if let Some((count, duration)) = &self.requests[outcome.index()] {
             count.inc();
             duration.observe(seconds);
+        }
+    }
+
+    /// Records a delivery the route handled (not one refused before it was read, which
+    /// `record` counts): the metric, and a count in the console's per-minute chart.
+    pub fn record_handled(&self, outcome: Outcome, seconds: f64) {
+        self.record(outcome, seconds);
+        if let Some(a) = &self.activity {
+            a.record(outcome);
         }
     }
 }
@@ -360,6 +379,7 @@ impl Metrics {
             connections,
             connections_refused,
             queue,
+            activity: Mutex::new(HashMap::new()),
         }
     }
 
@@ -405,7 +425,28 @@ impl Metrics {
             } else {
                 IntCounter::new("unexported", "never exported").expect("valid metric")
             },
+            activity: (!matches!(kind, RouteKind::Unmatched)).then(|| {
+                self.activity
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(name.to_string())
+                    .or_default()
+                    .clone()
+            }),
         }
+    }
+
+    /// The last hour of `route`'s activity, oldest minute first (all zero for a route
+    /// that has no ring).
+    pub fn last_hour(&self, route: &str) -> Vec<[u64; activity::SERIES.len()]> {
+        let ring = self
+            .activity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(route)
+            .cloned();
+        ring.map(|r| r.last_hour())
+            .unwrap_or_else(|| RouteActivity::new().last_hour())
     }
 
     pub fn store_op(&self, op: StoreOp, seconds: f64, failed: bool) {

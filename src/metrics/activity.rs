@@ -2,7 +2,6 @@
 //! (each replica counts what it served): a fixed ring of 60 minutes per route, written
 //! with atomic adds on the hot path, no lock and no allocation.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::metrics::Outcome;
@@ -23,77 +22,66 @@ fn series_of(o: Outcome) -> usize {
 
 const MINUTES: usize = 60;
 
-struct RouteActivity {
+/// One configured route's ring of the last hour, shared by its metrics (which write
+/// it) and the console (which reads it).
+pub struct RouteActivity {
     /// The minute (Unix minutes) each slot counts.
     stamps: [AtomicU64; MINUTES],
     counts: [[AtomicU64; SERIES.len()]; MINUTES],
 }
 
+fn now_minute() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() / 60)
+        .unwrap_or(0)
+}
+
 impl RouteActivity {
-    fn new() -> Self {
+    pub fn new() -> Self {
         RouteActivity {
             stamps: std::array::from_fn(|_| AtomicU64::new(0)),
             counts: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         }
     }
-}
 
-/// See the module documentation.
-pub struct Activity {
-    routes: HashMap<String, RouteActivity>,
-}
-
-fn now_minute() -> u64 {
-    crate::store::unix_millis() / 60_000
-}
-
-impl Activity {
-    pub fn new<'a>(routes: impl IntoIterator<Item = &'a str>) -> Self {
-        Activity {
-            routes: routes
-                .into_iter()
-                .map(|r| (r.to_string(), RouteActivity::new()))
-                .collect(),
-        }
-    }
-
-    /// Counts one delivery of `route`.
-    pub fn record(&self, route: &str, outcome: Outcome) {
-        let Some(r) = self.routes.get(route) else {
-            return;
-        };
+    /// Counts one delivery.
+    pub fn record(&self, outcome: Outcome) {
         let minute = now_minute();
         let slot = (minute % MINUTES as u64) as usize;
-        let seen = r.stamps[slot].load(Ordering::Acquire);
+        let seen = self.stamps[slot].load(Ordering::Acquire);
         if seen != minute
-            && r.stamps[slot]
+            && self.stamps[slot]
                 .compare_exchange(seen, minute, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            for c in &r.counts[slot] {
+            for c in &self.counts[slot] {
                 c.store(0, Ordering::Release);
             }
         }
-        r.counts[slot][series_of(outcome)].fetch_add(1, Ordering::Relaxed);
+        self.counts[slot][series_of(outcome)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The last hour of `route`, oldest minute first.
-    pub fn last_hour(&self, route: &str) -> Vec<[u64; SERIES.len()]> {
+    /// The last hour, oldest minute first.
+    pub fn last_hour(&self) -> Vec<[u64; SERIES.len()]> {
         let mut out = vec![[0; SERIES.len()]; MINUTES];
-        let Some(r) = self.routes.get(route) else {
-            return out;
-        };
         let now = now_minute();
         for (i, row) in out.iter_mut().enumerate() {
             let m = now + 1 + i as u64 - MINUTES as u64;
             let slot = (m % MINUTES as u64) as usize;
-            if r.stamps[slot].load(Ordering::Acquire) == m {
+            if self.stamps[slot].load(Ordering::Acquire) == m {
                 for (k, v) in row.iter_mut().enumerate() {
-                    *v = r.counts[slot][k].load(Ordering::Relaxed);
+                    *v = self.counts[slot][k].load(Ordering::Relaxed);
                 }
             }
         }
         out
+    }
+}
+
+impl Default for RouteActivity {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -103,12 +91,11 @@ mod tests {
 
     #[test]
     fn counts_land_in_the_current_minute_and_series() {
-        let a = Activity::new(["r"]);
-        a.record("r", Outcome::Forwarded);
-        a.record("r", Outcome::Forwarded);
-        a.record("r", Outcome::InvalidSignature);
-        a.record("other", Outcome::Forwarded);
-        let h = a.last_hour("r");
+        let a = RouteActivity::new();
+        a.record(Outcome::Forwarded);
+        a.record(Outcome::Forwarded);
+        a.record(Outcome::InvalidSignature);
+        let h = a.last_hour();
         assert_eq!(h.len(), 60);
         assert_eq!(h[59], [2, 0, 0, 1, 0]);
         assert_eq!(h[..59].iter().flatten().sum::<u64>(), 0);

@@ -1,0 +1,76 @@
+//! The wiring, built once at start: the gate, its store, upstream and metrics, the
+//! operator console and the optional async queue. The listeners serve through it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+
+use crate::config::{Config, ConfigError};
+use crate::gate::Gate;
+use crate::metrics::Metrics;
+use crate::providers::Routes;
+use crate::queue::{AsyncMode, QueueBackend};
+use crate::store::Store;
+use crate::web::{Console, Operator};
+
+/// Everything the sidecar runs, built once from the configuration.
+pub struct App<S> {
+    pub gate: Arc<Gate<S>>,
+    pub console: Console,
+    /// The async queue, when a queue backend is given and some route is async.
+    pub queue: Option<Arc<AsyncMode>>,
+}
+
+impl<S: Store> App<S> {
+    /// Builds the queue (when `queue` is given) first, then the gate that hands off to it.
+    pub fn new(
+        config: &Config,
+        routes: &Routes,
+        store: S,
+        queue: Option<Arc<dyn QueueBackend>>,
+    ) -> Result<Self, ConfigError> {
+        let metrics = Arc::new(Metrics::new());
+        let queue = match queue {
+            Some(backend) => AsyncMode::new(config, routes, backend, &metrics)?.map(Arc::new),
+            None => None,
+        };
+        let gate = Arc::new(Gate::new(
+            config,
+            routes,
+            store,
+            metrics.clone(),
+            queue.clone(),
+        )?);
+        Ok(App {
+            gate,
+            console: Console::new(config, metrics),
+            queue,
+        })
+    }
+
+    /// The handles an operator's action uses.
+    pub fn operator(&self) -> Operator<'_, S> {
+        Operator {
+            store: self.gate.store(),
+            upstream: self.gate.upstream(),
+            lease: self.gate.lease(),
+            queue: self.queue.as_deref(),
+        }
+    }
+
+    /// The `admin_listen` surface: the console under `/admin/`, the rest to `admin`.
+    pub async fn admin<B>(&self, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        // The operator console and admin API: off (404) without an admin token.
+        let path = req.uri().path();
+        if path == "/admin" || path.starts_with("/admin/") {
+            return crate::web::handle(&self.console, self.operator(), req).await;
+        }
+        crate::admin::handle(self.gate.store(), self.gate.metrics(), req).await
+    }
+}
