@@ -146,10 +146,11 @@ pub fn replay_answer(stored: StoredResponse) -> Answer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn stored() -> StoredResponse {
+    /// A stored answer with a status, a header to keep and one to drop on replay.
+    pub(crate) fn stored() -> StoredResponse {
         StoredResponse {
             status: 201,
             headers: Bytes::from_static(b"x-a: 1\r\ncontent-length: 2\r\n"),

@@ -604,14 +604,7 @@ impl<S: Store> Gate<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stored() -> StoredResponse {
-        StoredResponse {
-            status: 201,
-            headers: Bytes::from_static(b"x-a: 1\r\ncontent-length: 2\r\n"),
-            body: Bytes::from_static(b"ok"),
-        }
-    }
+    use crate::answer::tests::stored;
 
     #[test]
     fn each_claim_outcome_gets_its_answer() {
