@@ -179,6 +179,47 @@ fn start_senders(targets: &Targets, stop: &Arc<AtomicBool>) -> Vec<tokio::task::
         .collect()
 }
 
+/// A running storm: its upstream, sidecars and senders.
+struct Storm {
+    up: Upstream,
+    scs: Vec<Sidecar>,
+    targets: Targets,
+    stop: Arc<AtomicBool>,
+    senders: Vec<tokio::task::JoinHandle<Sent>>,
+}
+
+impl Storm {
+    /// `n` sidecars on `url` with a slightly slow upstream, senders running for a second.
+    async fn start(url: &str, n: usize, min_replicas_ack: u32) -> Storm {
+        let up = Upstream::start().await;
+        up.set_mode(Mode::Delayed(
+            Duration::from_millis(5),
+            Box::new(Mode::default_ok()),
+        ));
+        let scs = storm_sidecars(&up, url, n, min_replicas_ack).await;
+        let targets = targets_of(&scs);
+        let stop = Arc::new(AtomicBool::new(false));
+        let senders = start_senders(&targets, &stop);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Storm {
+            up,
+            scs,
+            targets,
+            stop,
+            senders,
+        }
+    }
+
+    /// Keeps sending for `more`, stops the senders and settles (see `settle_storm`).
+    async fn finish(self, more: Duration, switched: Instant) -> StormReport {
+        tokio::time::sleep(more).await;
+        self.stop.store(true, Ordering::Relaxed);
+        let report = settle_storm(self.senders, &self.targets, &self.up, switched).await;
+        drop(self.scs);
+        report
+    }
+}
+
 /// Collects the senders' answers, then sends every 2xx-answered delivery again
 /// (retrying 503 and 409 like a provider, so a claim left behind by the failover has
 /// expired when the copy is finally answered) and counts those forwarded twice.
@@ -277,17 +318,7 @@ async fn settle_storm(
 /// every delivery that was answered 2xx is sent again.
 async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
     let cluster = RedisCluster::start(3, 1);
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Delayed(
-        Duration::from_millis(5),
-        Box::new(Mode::default_ok()),
-    ));
-    let scs = storm_sidecars(&up, &cluster.url(), 3, min_replicas_ack).await;
-    let targets = targets_of(&scs);
-    let stop = Arc::new(AtomicBool::new(false));
-    let senders = start_senders(&targets, &stop);
-
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let storm = Storm::start(&cluster.url(), 3, min_replicas_ack).await;
     let victim = cluster.live_masters()[0];
     let started = Instant::now();
     let cluster = tokio::task::spawn_blocking(move || {
@@ -309,14 +340,10 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
     .await
     .unwrap();
     let healed = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-
-    let report = settle_storm(senders, &targets, &up, switched).await;
+    let report = storm.finish(Duration::from_millis(500), switched).await;
     eprintln!(
         "min_replicas_ack = {min_replicas_ack}: failover after {failover:?}, healed after {healed:?}; {report:?}"
     );
-    drop(scs);
     drop(cluster);
     report
 }
@@ -349,17 +376,7 @@ async fn master_killed_during_a_storm_with_min_replicas_ack_lets_no_copy_through
 /// delivery that was answered 2xx is sent again.
 async fn storm_with_a_planned_sentinel_failover(min_replicas_ack: u32) -> StormReport {
     let set = SentinelSet::start();
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Delayed(
-        Duration::from_millis(5),
-        Box::new(Mode::default_ok()),
-    ));
-    let scs = storm_sidecars(&up, &set.url(), 2, min_replicas_ack).await;
-    let targets = targets_of(&scs);
-    let stop = Arc::new(AtomicBool::new(false));
-    let senders = start_senders(&targets, &stop);
-
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let storm = Storm::start(&set.url(), 2, min_replicas_ack).await;
     let (old, new) = (set.master.port, set.replica.port);
     let started = Instant::now();
     let (set, switched) = tokio::task::spawn_blocking(move || {
@@ -393,14 +410,10 @@ async fn storm_with_a_planned_sentinel_failover(min_replicas_ack: u32) -> StormR
     let healed = started.elapsed();
     // With replica acks the new master refuses claims until the old one has
     // rejoined as its replica: keep sending a while after that.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-
-    let report = settle_storm(senders, &targets, &up, switched).await;
+    let report = storm.finish(Duration::from_millis(1500), switched).await;
     eprintln!(
         "sentinel, min_replicas_ack = {min_replicas_ack}: {old} demoted, {new} promoted, healed after {healed:?}; {report:?}"
     );
-    drop(scs);
     drop(set);
     report
 }
