@@ -7,40 +7,12 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use hmac::{KeyInit, Mac};
 use http::{HeaderMap, HeaderName};
 use subtle::ConstantTimeEq;
 
-use super::standard::{check_timestamp, header_str};
+use super::common::{HashAlg, check_timestamp, header_str};
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::{CustomFields, Secret};
-
-/// The hash under an HMAC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HashAlg {
-    Sha1,
-    Sha256,
-    Sha512,
-}
-
-impl HashAlg {
-    /// HMAC of the concatenated `parts` under `key`.
-    pub fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-        fn run<M: Mac + KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-            let mut mac =
-                <M as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
-            for p in parts {
-                mac.update(p);
-            }
-            mac.finalize().into_bytes().to_vec()
-        }
-        match self {
-            HashAlg::Sha1 => run::<hmac::Hmac<sha1::Sha1>>(key, parts),
-            HashAlg::Sha256 => run::<hmac::Hmac<sha2::Sha256>>(key, parts),
-            HashAlg::Sha512 => run::<hmac::Hmac<sha2::Sha512>>(key, parts),
-        }
-    }
-}
 
 /// How the signature is written in its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
 pub mod alipay;
+pub mod common;
 pub mod guard;
 pub mod hmac_scheme;
 pub mod keys;

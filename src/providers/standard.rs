@@ -12,6 +12,7 @@ use hmac::{KeyInit, Mac};
 use http::HeaderMap;
 use subtle::ConstantTimeEq;
 
+use super::common::{check_timestamp, header_str};
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
@@ -69,34 +70,6 @@ impl StandardWebhooks {
             public_keys,
             tolerance: i64::try_from(tolerance.as_secs()).unwrap_or(i64::MAX),
         })
-    }
-}
-
-/// One header's value as text, or the rejection for its absence.
-pub(crate) fn header_str<'a>(
-    headers: &'a HeaderMap,
-    name: &str,
-    missing: &'static str,
-) -> Result<&'a str, SignatureError> {
-    headers
-        .get(name)
-        .ok_or(SignatureError::Malformed(missing))?
-        .to_str()
-        .map_err(|_| SignatureError::Malformed(missing))
-}
-
-/// Parses a Unix-seconds timestamp and checks it lies within `tolerance` of `now`,
-/// in both directions; exactly `tolerance` away is still accepted.
-pub(crate) fn check_timestamp(text: &str, now: i64, tolerance: i64) -> Result<i64, SignatureError> {
-    let ts: i64 = text
-        .trim()
-        .parse()
-        .map_err(|_| SignatureError::Malformed("the timestamp is not an integer"))?;
-    match now.checked_sub(ts) {
-        Some(delta) if delta.unsigned_abs() <= tolerance.unsigned_abs() => Ok(ts),
-        _ => Err(SignatureError::Invalid(
-            "the timestamp is outside the tolerance window",
-        )),
     }
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use http::HeaderMap;
 use subtle::ConstantTimeEq;
 
-use super::hmac_scheme::HashAlg;
-use super::standard::{check_timestamp, header_str};
+use super::common::HashAlg;
+use super::common::{check_timestamp, header_str};
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 

@@ -15,8 +15,8 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::hmac_scheme::HashAlg;
-use super::standard::header_str;
+use super::common::HashAlg;
+use super::common::header_str;
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 

@@ -18,7 +18,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use http::HeaderMap;
 use rsa::PublicKey;
 
-use super::standard::{check_timestamp, header_str};
+use super::common::{check_timestamp, header_str};
 use super::{FieldError, SignatureError, Verifier, rsa_key};
 use crate::config::Secret;
 
