@@ -59,8 +59,8 @@ pub fn retry_after_secs(remaining: Duration) -> u64 {
     remaining.as_millis().div_ceil(1000).max(1) as u64
 }
 
-/// The refusal for a failed signature or key check.
-pub fn refusal(r: &IdentifyError) -> ErrorAnswer {
+/// The answer to a delivery whose signature or key check failed (400 or 401).
+pub fn identify_error_answer(r: &IdentifyError) -> ErrorAnswer {
     match r {
         IdentifyError::Signature(SignatureError::Malformed(m)) => ErrorAnswer::new(
             Outcome::BadRequest,
@@ -83,8 +83,8 @@ pub fn refusal(r: &IdentifyError) -> ErrorAnswer {
     }
 }
 
-/// The refusal for an upstream call that failed (unreachable, too large, timed out).
-pub fn upstream_refusal(e: &UpstreamError) -> ErrorAnswer {
+/// The answer when the upstream call failed (unreachable, too large, timed out).
+pub fn upstream_error_answer(e: &UpstreamError) -> ErrorAnswer {
     match e {
         UpstreamError::Unreachable(_) => ErrorAnswer::new(
             Outcome::UpstreamError,
@@ -169,21 +169,21 @@ pub(crate) mod tests {
 
     #[test]
     fn refusals_map_to_one_status_each() {
-        let r = refusal(&IdentifyError::Signature(SignatureError::Malformed("m")));
+        let r = identify_error_answer(&IdentifyError::Signature(SignatureError::Malformed("m")));
         assert_eq!((r.status, r.code), (StatusCode::BAD_REQUEST, "bad_request"));
-        let r = refusal(&IdentifyError::Signature(SignatureError::Invalid("i")));
+        let r = identify_error_answer(&IdentifyError::Signature(SignatureError::Invalid("i")));
         assert_eq!(
             (r.status, r.code),
             (StatusCode::UNAUTHORIZED, "invalid_signature")
         );
-        let r = refusal(&IdentifyError::Key(KeyError::Missing("header x".into())));
+        let r = identify_error_answer(&IdentifyError::Key(KeyError::Missing("header x".into())));
         assert_eq!(
             (r.status, r.outcome),
             (StatusCode::BAD_REQUEST, Outcome::BadRequest)
         );
-        let r = upstream_refusal(&UpstreamError::Timeout);
+        let r = upstream_error_answer(&UpstreamError::Timeout);
         assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
-        let r = upstream_refusal(&UpstreamError::Unreachable("x".into()));
+        let r = upstream_error_answer(&UpstreamError::Unreachable("x".into()));
         assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     }
 

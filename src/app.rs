@@ -71,6 +71,6 @@ impl<S: Store> App<S> {
         if path == "/admin" || path.starts_with("/admin/") {
             return crate::web::handle(&self.console, self.operator(), req).await;
         }
-        crate::admin::handle(self.gate.store(), self.gate.metrics(), req).await
+        crate::probes::handle(self.gate.store(), self.gate.metrics(), req).await
     }
 }

@@ -25,8 +25,8 @@ use crate::upstream::{Outgoing, Upstream};
 mod unconfirmed;
 
 use crate::answer::{
-    Answer, ErrorAnswer, error_answer, refusal, replay_answer, retry_after_secs, upstream_answer,
-    upstream_refusal,
+    Answer, ErrorAnswer, error_answer, identify_error_answer, replay_answer, retry_after_secs,
+    upstream_answer, upstream_error_answer,
 };
 use crate::store::lease::{self, LeaseEvent};
 
@@ -315,7 +315,7 @@ impl<S: Store> Gate<S> {
         let identity = match route.identify(&parts.headers, parts.uri.query(), &body, unix_now()) {
             Ok(v) => v,
             Err(refused) => {
-                let r = refusal(&refused);
+                let r = identify_error_answer(&refused);
                 return (r.outcome, error_answer(&r));
             }
         };
@@ -505,7 +505,7 @@ impl<S: Store> Gate<S> {
                 match result {
                     Ok(resp) => (Outcome::Bypassed, upstream_answer(resp)),
                     Err(e) => {
-                        let r = upstream_refusal(&e);
+                        let r = upstream_error_answer(&e);
                         (r.outcome, error_answer(&r))
                     }
                 }
@@ -592,7 +592,7 @@ impl<S: Store> Gate<S> {
                     Ok(resp) => (Outcome::UpstreamError, upstream_answer(resp)),
                     Err(e) => {
                         tracing::warn!(route = &*route.name, key = %key.key, error = %e, "upstream call failed");
-                        let r = upstream_refusal(&e);
+                        let r = upstream_error_answer(&e);
                         (r.outcome, error_answer(&r))
                     }
                 }

@@ -3,7 +3,6 @@
 //! A delivery flows route → verify → identify → claim → forward → settle; each step
 //! lives in its own module (see `gate` for the pipeline itself).
 
-pub mod admin;
 pub mod answer;
 pub mod app;
 pub mod config;
@@ -13,6 +12,7 @@ pub mod gate;
 pub mod inject;
 pub mod logging;
 pub mod metrics;
+pub mod probes;
 pub mod providers;
 pub mod queue;
 pub mod server;

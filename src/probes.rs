@@ -1,6 +1,6 @@
-//! The operations surface on `admin_listen`: `/healthz`, `/readyz`, `/metrics` (the
-//! app sends `/admin/` to the operator console).
-//! Kept on its own listener so that provider traffic can never reach it.
+//! The probes on `admin_listen`: `/healthz`, `/readyz` and `/metrics`, for the kubelet
+//! and Prometheus (the same listener serves the operator API under `/admin/`, which the
+//! app sends to `web`). Kept off the provider listener so provider traffic never reaches it.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};

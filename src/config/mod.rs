@@ -81,8 +81,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub dedup: DedupConfig,
     pub routes: Vec<RouteConfig>,
-    /// Tokens that open the admin API (`/admin/`); none = the admin API is off.
-    pub admin_tokens: Vec<AdminToken>,
+    /// `admin_token`: the tokens that open the operator API (`/admin/`); none = it is off.
+    pub operator_tokens: Vec<OperatorToken>,
     /// `[async]`: the delivery queue shared by the async routes.
     pub async_queue: AsyncConfig,
 }
@@ -117,15 +117,15 @@ pub struct AsyncRoute {
     pub max_backoff: Duration,
 }
 
-/// One admin token: the name its actions are logged under, and its secret.
+/// One operator's token (`admin_token`): the name their actions are audited under, and its secret.
 #[derive(Debug, Clone)]
-pub struct AdminToken {
+pub struct OperatorToken {
     pub name: String,
     pub secret: Secret,
 }
 
-/// The shortest admin token accepted: a guessable token would open the admin API.
-pub const ADMIN_TOKEN_MIN_LEN: usize = 16;
+/// The shortest `admin_token` accepted: a guessable token would open the operator API.
+pub const OPERATOR_TOKEN_MIN_LEN: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreUrl {

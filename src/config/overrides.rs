@@ -4,7 +4,7 @@
 
 use super::parse::split_key_id;
 use super::raw::OneOrMany;
-use super::{ADMIN_TOKEN_MIN_LEN, AdminToken, ConfigError, Secret, redact_source};
+use super::{ConfigError, OPERATOR_TOKEN_MIN_LEN, OperatorToken, Secret, redact_source};
 
 /// A top-level setting from its `IDEMGATE_*` variable (when set and non-empty), else
 /// the file's value or the default; with the field an error names (the variable, when
@@ -58,10 +58,10 @@ pub fn resolve_secret(
 
 /// The admin tokens: `IDEMGATE_ADMIN_TOKEN` (named `admin`) and the `admin_token`
 /// entries, each `[name=]source` with source `env:X`, `file:/path` or a literal.
-pub(super) fn admin_tokens(
+pub(super) fn operator_tokens(
     raw: Option<OneOrMany>,
     env: &impl Fn(&str) -> Option<String>,
-) -> Result<Vec<AdminToken>, ConfigError> {
+) -> Result<Vec<OperatorToken>, ConfigError> {
     let entries = match raw {
         None => vec![],
         Some(OneOrMany::One(s)) => vec![s],
@@ -83,7 +83,7 @@ pub(super) fn admin_tokens(
             (Some(n), s) => (n, s),
             _ => ("admin", e.as_str()),
         };
-        if out.iter().any(|t: &AdminToken| t.name == name) {
+        if out.iter().any(|t: &OperatorToken| t.name == name) {
             return Err(ConfigError::new(
                 field,
                 format!("two admin tokens are named `{name}`: write them `name=source`"),
@@ -95,20 +95,20 @@ pub(super) fn admin_tokens(
 }
 
 fn entries_push(
-    out: &mut Vec<AdminToken>,
+    out: &mut Vec<OperatorToken>,
     field: &str,
     name: &str,
     source: &str,
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<(), ConfigError> {
     let secret = resolve_secret(field, source, env)?;
-    if secret.value.len() < ADMIN_TOKEN_MIN_LEN {
+    if secret.value.len() < OPERATOR_TOKEN_MIN_LEN {
         return Err(ConfigError::new(
             field,
-            format!("an admin token must be at least {ADMIN_TOKEN_MIN_LEN} characters"),
+            format!("an admin token must be at least {OPERATOR_TOKEN_MIN_LEN} characters"),
         ));
     }
-    out.push(AdminToken {
+    out.push(OperatorToken {
         name: name.to_string(),
         secret,
     });

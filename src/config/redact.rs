@@ -50,9 +50,9 @@ impl Config {
         let _ = writeln!(out, "max_in_flight = {}", self.max_in_flight);
         let _ = writeln!(out, "max_connections = {}", self.max_connections);
         let _ = writeln!(out, "worker_threads = {}", self.worker_threads);
-        if !self.admin_tokens.is_empty() {
+        if !self.operator_tokens.is_empty() {
             let tokens: Vec<String> = self
-                .admin_tokens
+                .operator_tokens
                 .iter()
                 .map(|t| q(&format!("{}={}", t.name, redact_source(&t.secret.source))))
                 .collect();

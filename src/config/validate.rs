@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::overrides::{admin_tokens, overridden, resolve_secret};
+use super::overrides::{operator_tokens, overridden, resolve_secret};
 use super::parse::{
     one_of, parse_addr, parse_count, parse_duration, parse_size, parse_upstream, split_key_id,
 };
@@ -351,7 +351,7 @@ pub(super) fn validate(
         store,
         dedup,
         routes,
-        admin_tokens: admin_tokens(raw.admin_token, env)?,
+        operator_tokens: operator_tokens(raw.admin_token, env)?,
     };
     bounds::relations(&config)?;
     Ok(config)

@@ -77,7 +77,7 @@ impl Console {
     pub fn new(config: &Config, metrics: std::sync::Arc<Metrics>) -> Console {
         Console {
             tokens: config
-                .admin_tokens
+                .operator_tokens
                 .iter()
                 .map(|t| (t.name.clone(), t.secret.value.clone()))
                 .collect(),

@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["queue"],
     &["gate"],
     // The operator's side: delivery log and replay, the web console, health/metrics.
-    &["deliveries", "web", "console", "admin", "ops"],
+    &["deliveries", "web", "console", "probes", "ops"],
     // The wiring: may name each other (server starts the app, demo starts the server),
     // never in a loop.
     &["app", "server", "demo"],
