@@ -21,7 +21,7 @@ use http_body_util::Full;
 use idemgate::config::Secret;
 use idemgate::gate::Gate;
 use idemgate::metrics::Metrics;
-use idemgate::providers::standard::StandardWebhooks;
+use idemgate::providers::StandardWebhooks;
 use idemgate::providers::{KeySource, Verifier, fingerprint_body};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, StoredResponse,
@@ -260,8 +260,7 @@ fn whole_delivery(c: &mut Criterion) {
         "upstream = \"http://{upstream}\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"b\"\npath = \"/wh\"\nprovider = \"standard\"\nsecrets = [\"{SECRET}\"]\n"
     );
-    let (config, routes) =
-        idemgate::providers::routes::from_toml_with_env(&text, |_| None).unwrap();
+    let (config, routes) = idemgate::providers::from_toml_with_env(&text, |_| None).unwrap();
     let lifetimes = Lifetimes {
         lease: config.dedup.lease,
         retention: config.dedup.retention,
@@ -344,9 +343,7 @@ fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
 
 /// Each provider scheme on its published vector (tests/fixtures/provider_vectors.json).
 fn provider_schemes(c: &mut Criterion) {
-    use idemgate::providers::{
-        alipay::Alipay, hmac_scheme::HmacScheme, stripe::Stripe, wechatpay::WechatPay,
-    };
+    use idemgate::providers::{Alipay, HmacScheme, Stripe, WechatPay};
     let v: serde_json::Value =
         serde_json::from_str(include_str!("../tests/fixtures/provider_vectors.json")).unwrap();
     let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap().to_string();

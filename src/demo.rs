@@ -164,7 +164,7 @@ secrets = ["{secret}"]
 "#
     );
     let (config, routes) =
-        crate::providers::routes::from_toml_with_env(&text, |_| None).map_err(|e| e.to_string())?;
+        crate::providers::from_toml_with_env(&text, |_| None).map_err(|e| e.to_string())?;
     let lifetimes = Lifetimes {
         lease: config.dedup.lease,
         retention: config.dedup.retention,

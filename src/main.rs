@@ -30,9 +30,9 @@ enum Command {
     /// A self-contained tour on the in-memory store.
     Demo,
     /// Add the idemgate sidecar to Kubernetes YAML (file or stdin) and print it.
-    Inject(idemgate::inject::InjectArgs),
+    Inject(idemgate::InjectArgs),
     /// Operator tools on the delivery log (Redis): list, show, forget, replay.
-    Deliveries(idemgate::deliveries::cli::DeliveriesArgs),
+    Deliveries(idemgate::DeliveriesArgs),
 }
 
 /// Sets up logging to stderr. Lines are formatted on the caller's thread and written in
@@ -97,13 +97,13 @@ static NO_TRANSPARENT_HUGE_PAGES: extern "C" fn() = {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
-        Command::Inject(args) => idemgate::inject::main(args),
+        Command::Inject(args) => idemgate::inject_main(args),
         Command::Deliveries(args) => {
             // Admin actions are logged (target idemgate::audit) to stderr.
             let _log_guard = init_logging("warn,idemgate::audit=info").ok();
-            idemgate::deliveries::cli::main(cli.config.as_deref(), args)
+            idemgate::deliveries_main(cli.config.as_deref(), args)
         }
-        Command::CheckConfig => match idemgate::providers::routes::load(cli.config.as_deref()) {
+        Command::CheckConfig => match idemgate::providers::load(cli.config.as_deref()) {
             Ok((config, _routes)) => {
                 print!("{}", config.redacted_toml());
                 if let Some(w) = config.memory_store_warning() {
@@ -125,7 +125,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime(1).block_on(idemgate::demo::run()) {
+            match runtime(1).block_on(idemgate::run_demo()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("demo failed: {e}");
@@ -141,7 +141,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let (config, routes) = match idemgate::providers::routes::load(cli.config.as_deref()) {
+            let (config, routes) = match idemgate::providers::load(cli.config.as_deref()) {
                 Ok(loaded) => loaded,
                 Err(e) => {
                     tracing::error!("invalid configuration: {e}");

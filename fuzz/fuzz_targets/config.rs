@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match idemgate::providers::routes::from_toml_with_env(text, |_| None) {
+    match idemgate::providers::from_toml_with_env(text, |_| None) {
         Err(e) => assert!(!e.field.is_empty(), "{e:?}"),
         Ok((c, _)) => {
             let shown = c.redacted_toml();

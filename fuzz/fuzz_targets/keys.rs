@@ -5,7 +5,7 @@
 
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use idemgate::providers::keys::{KeySource, MAX_KEY_LEN, validate_key};
+use idemgate::providers::{KeySource, MAX_KEY_LEN, validate_key};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]

@@ -12,7 +12,7 @@ use hmac::{KeyInit, Mac};
 use http::{HeaderMap, HeaderValue};
 use idemgate::config::Secret;
 use idemgate::providers::Verifier;
-use idemgate::providers::standard::StandardWebhooks;
+use idemgate::providers::StandardWebhooks;
 use libfuzzer_sys::fuzz_target;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

@@ -178,7 +178,7 @@ fn show_text(e: &LogEntry) -> String {
 
 /// Runs `idemgate deliveries …`.
 pub fn main(config: Option<&Path>, args: DeliveriesArgs) -> ExitCode {
-    let config = match crate::providers::routes::load(config) {
+    let config = match crate::providers::load(config) {
         Ok((c, _routes)) => c,
         Err(e) => return fail(format!("invalid configuration: {e}")),
     };

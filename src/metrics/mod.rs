@@ -2,7 +2,8 @@
 //! resolved once at start, so recording an outcome on the hot path is an atomic add,
 //! with no label lookup or allocation.
 
-pub mod activity;
+mod activity;
+pub use activity::SERIES;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

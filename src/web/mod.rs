@@ -93,7 +93,7 @@ impl Console {
     }
 
     /// The last hour of `route`'s activity, for the chart.
-    fn last_hour(&self, route: &str) -> Vec<[u64; crate::metrics::activity::SERIES.len()]> {
+    fn last_hour(&self, route: &str) -> Vec<[u64; crate::metrics::SERIES.len()]> {
         self.metrics.last_hour(route)
     }
 

@@ -13,7 +13,7 @@ use super::api::list_query;
 use super::{Answer, Caller, Console, Operator, query_pairs, redirect, seg};
 use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
-use crate::metrics::activity::SERIES;
+use crate::metrics::SERIES;
 use crate::store::log::{Forgot, LogEntry, LogSupport};
 use crate::store::{DeliveryKey, Store};
 

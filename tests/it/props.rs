@@ -13,13 +13,13 @@ use hmac::{KeyInit, Mac};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use proptest::prelude::*;
 
-use idemgate::answer::retry_after_secs;
 use idemgate::config::{InFlightPolicy, Secret};
 use idemgate::gate::{Step, decide};
 use idemgate::metrics::Outcome;
+use idemgate::providers::StandardWebhooks;
 use idemgate::providers::Verifier;
-use idemgate::providers::keys::{KeySource, MAX_KEY_LEN, validate_key};
-use idemgate::providers::standard::StandardWebhooks;
+use idemgate::providers::{KeySource, MAX_KEY_LEN, validate_key};
+use idemgate::retry_after_secs;
 use idemgate::store::breaker::{Admission, BreakerState, Circuit};
 use idemgate::store::{Claim, StoredResponse, Token};
 use idemgate::upstream::{decode_headers, encode_headers};
@@ -198,7 +198,7 @@ proptest! {
     ) {
         let text: String = lines.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
         for t in [text.as_str(), raw.as_str()] {
-            match idemgate::providers::routes::from_toml_with_env(t, |_| None) {
+            match idemgate::providers::from_toml_with_env(t, |_| None) {
                 Err(e) => prop_assert!(!e.field.is_empty()),
                 Ok((c, _)) => {
                     prop_assert!(c.max_in_flight >= 1 && c.max_connections >= 1);
