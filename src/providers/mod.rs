@@ -10,6 +10,7 @@ mod common;
 mod guard;
 mod hmac_scheme;
 mod keys;
+mod presets;
 mod routes;
 mod rsa_key;
 mod standard;
@@ -27,6 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Config, RouteConfig};
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
+pub use presets::PROVIDERS;
 pub use routes::{Routes, from_toml_with_env, load};
 // Each scheme's verifier, for the benches and fuzz targets that drive one directly.
 pub use alipay::Alipay;
@@ -271,51 +273,6 @@ pub enum IdentifyError {
     Key(#[from] KeyError),
 }
 
-/// The preset names a route's `provider` may take (all implemented below).
-pub const PROVIDERS: &[&str] = &[
-    "standard",
-    "github",
-    "stripe",
-    "shopify",
-    "slack",
-    "alipay",
-    "wechatpay",
-    "twilio",
-    "custom",
-];
-
-/// What a preset expands to, before the route's overrides.
-struct Preset {
-    verifier: Box<dyn Verifier>,
-    default_key: Option<&'static str>,
-    /// The timestamp window, for presets that sign a timestamp.
-    tolerance: Option<Duration>,
-    /// Headers the scheme signs: a key read from any other header is unsigned.
-    signed_headers: &'static [&'static str],
-    fingerprint: FingerprintRule,
-    /// Headers hashed with the body when the claim key is the content.
-    content_scope: &'static [&'static str],
-}
-
-/// The provider-specific fields (`CustomFields`) each preset reads; any other one set
-/// on a route is an error naming it.
-fn fields_used(provider: &str) -> &'static [&'static str] {
-    match provider {
-        "custom" => &[
-            "signature_header",
-            "hash",
-            "encoding",
-            "prefix",
-            "timestamp_header",
-            "signed",
-        ],
-        "twilio" => &["public_url"],
-        _ => &[],
-    }
-}
-
-const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
-
 /// Expands a route's preset into a `Route`. Errors name the field within the route.
 pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldError> {
     let _ = config;
@@ -326,7 +283,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         ));
     }
     let c = &cfg.custom;
-    let used = fields_used(&cfg.provider);
+    let used = presets::fields_used(&cfg.provider);
     for (field, set) in [
         ("signature_header", c.signature_header.is_some()),
         ("hash", c.hash.is_some()),
@@ -345,13 +302,9 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
     }
     // Presets that sign a timestamp take `tolerance` (default 5m); the others refuse
     // it, since a window they cannot check would only pretend to protect.
-    let signs_timestamp = match cfg.provider.as_str() {
-        "standard" | "stripe" | "slack" | "wechatpay" => true,
-        "custom" => c.timestamp_header.is_some(),
-        _ => false,
-    };
+    let signs_timestamp = presets::signs_timestamp(cfg);
     let tolerance = match (signs_timestamp, cfg.tolerance) {
-        (true, t) => Some(t.unwrap_or(DEFAULT_TOLERANCE)),
+        (true, t) => Some(t.unwrap_or(presets::DEFAULT_TOLERANCE)),
         (false, None) => None,
         (false, Some(_)) => {
             let why = if cfg.provider == "custom" {
@@ -366,89 +319,8 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             return Err(FieldError::new("tolerance", why));
         }
     };
-    let tol = tolerance.unwrap_or(DEFAULT_TOLERANCE);
-    let s = &cfg.secrets;
-    let preset = match cfg.provider.as_str() {
-        "standard" => Preset {
-            verifier: Box::new(standard::StandardWebhooks::new(s, tol)?),
-            default_key: Some("header:webhook-id"),
-            tolerance,
-            signed_headers: &["webhook-id", "webhook-timestamp"],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-        },
-        "github" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
-            default_key: Some("header:X-GitHub-Delivery"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-        },
-        "stripe" => Preset {
-            verifier: Box::new(stripe::Stripe::new(s, tol)?),
-            default_key: Some("json:/id"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-        },
-        "shopify" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
-            default_key: Some(
-                "header:X-Shopify-Event-Id+header:X-Shopify-Topic+header:X-Shopify-Shop-Domain",
-            ),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
-        },
-        "slack" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
-            default_key: Some("json:/event_id"),
-            tolerance,
-            signed_headers: &["x-slack-request-timestamp"],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-        },
-        "alipay" => Preset {
-            verifier: Box::new(alipay::Alipay::new(s)?),
-            default_key: Some("form:notify_id"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::AlipayFields,
-            content_scope: &[],
-        },
-        "wechatpay" => Preset {
-            verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
-            default_key: Some("json:/id"),
-            tolerance,
-            signed_headers: &["wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"],
-            fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
-            content_scope: &[],
-        },
-        "twilio" => Preset {
-            verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
-            default_key: Some("header:I-Twilio-Idempotency-Token"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-        },
-        "custom" => {
-            let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
-            let signed_headers: &'static [&'static str] = &[];
-            Preset {
-                verifier: Box::new(v),
-                default_key: None,
-                tolerance,
-                signed_headers,
-                fingerprint: FingerprintRule::Body,
-                content_scope: &[],
-            }
-        }
-        other => unreachable!("`{other}` was checked against PROVIDERS above"),
-    };
+    let tol = tolerance.unwrap_or(presets::DEFAULT_TOLERANCE);
+    let preset = presets::preset(cfg, tol, tolerance)?;
     let key_text = match (&cfg.key, preset.default_key) {
         (Some(k), _) => k.as_str(),
         (None, Some(k)) => k,
@@ -489,11 +361,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             ClaimKey::Delivery
         },
         content_scope: preset.content_scope,
-        success: if cfg.provider == "alipay" {
-            SuccessRule::AlipaySuccessBody
-        } else {
-            SuccessRule::Any2xx
-        },
+        success: preset.success,
         tolerance: preset.tolerance,
         keep_payload: cfg.keep_payload,
         key_header_prefix: format!("{}:", cfg.name),

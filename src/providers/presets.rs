@@ -1,0 +1,168 @@
+//! The preset table: what each `provider = "..."` expands to (its signature scheme,
+//! default key, signed headers, fingerprint and completion rule). Adding a provider is
+//! one name in `PROVIDERS` and one row in `preset`.
+
+use std::time::Duration;
+
+use super::{
+    FieldError, FingerprintRule, SuccessRule, Verifier, alipay, hmac_scheme, standard, stripe,
+    twilio, wechatpay,
+};
+use crate::config::RouteConfig;
+
+/// The preset names a route's `provider` may take (all implemented below).
+pub const PROVIDERS: &[&str] = &[
+    "standard",
+    "github",
+    "stripe",
+    "shopify",
+    "slack",
+    "alipay",
+    "wechatpay",
+    "twilio",
+    "custom",
+];
+
+/// What a preset expands to, before the route's overrides.
+pub(super) struct Preset {
+    pub(super) verifier: Box<dyn Verifier>,
+    pub(super) default_key: Option<&'static str>,
+    /// The timestamp window, for presets that sign a timestamp.
+    pub(super) tolerance: Option<Duration>,
+    /// Headers the scheme signs: a key read from any other header is unsigned.
+    pub(super) signed_headers: &'static [&'static str],
+    pub(super) fingerprint: FingerprintRule,
+    /// Headers hashed with the body when the claim key is the content.
+    pub(super) content_scope: &'static [&'static str],
+    /// Which answers complete a delivery.
+    pub(super) success: SuccessRule,
+}
+
+/// The provider-specific fields (`CustomFields`) each preset reads; any other one set
+/// on a route is an error naming it.
+pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
+    match provider {
+        "custom" => &[
+            "signature_header",
+            "hash",
+            "encoding",
+            "prefix",
+            "timestamp_header",
+            "signed",
+        ],
+        "twilio" => &["public_url"],
+        _ => &[],
+    }
+}
+
+pub(super) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+
+pub(super) fn signs_timestamp(cfg: &RouteConfig) -> bool {
+    let c = &cfg.custom;
+    match cfg.provider.as_str() {
+        "standard" | "stripe" | "slack" | "wechatpay" => true,
+        "custom" => c.timestamp_header.is_some(),
+        _ => false,
+    }
+}
+
+/// The preset a route names, with its secrets; `tol` is the route's timestamp window
+/// (`tolerance`), for presets that sign a timestamp.
+pub(super) fn preset(
+    cfg: &RouteConfig,
+    tol: Duration,
+    tolerance: Option<Duration>,
+) -> Result<Preset, FieldError> {
+    let s = &cfg.secrets;
+    let c = &cfg.custom;
+    Ok(match cfg.provider.as_str() {
+        "standard" => Preset {
+            verifier: Box::new(standard::StandardWebhooks::new(s, tol)?),
+            default_key: Some("header:webhook-id"),
+            tolerance,
+            signed_headers: &["webhook-id", "webhook-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+        },
+        "github" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
+            default_key: Some("header:X-GitHub-Delivery"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+        },
+        "stripe" => Preset {
+            verifier: Box::new(stripe::Stripe::new(s, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+        },
+        "shopify" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
+            default_key: Some(
+                "header:X-Shopify-Event-Id+header:X-Shopify-Topic+header:X-Shopify-Shop-Domain",
+            ),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
+            success: SuccessRule::Any2xx,
+        },
+        "slack" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
+            default_key: Some("json:/event_id"),
+            tolerance,
+            signed_headers: &["x-slack-request-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+        },
+        "alipay" => Preset {
+            verifier: Box::new(alipay::Alipay::new(s)?),
+            default_key: Some("form:notify_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::AlipayFields,
+            content_scope: &[],
+            success: SuccessRule::AlipaySuccessBody,
+        },
+        "wechatpay" => Preset {
+            verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &["wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"],
+            fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+        },
+        "twilio" => Preset {
+            verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
+            default_key: Some("header:I-Twilio-Idempotency-Token"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+        },
+        "custom" => {
+            let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
+            let signed_headers: &'static [&'static str] = &[];
+            Preset {
+                verifier: Box::new(v),
+                default_key: None,
+                tolerance,
+                signed_headers,
+                fingerprint: FingerprintRule::Body,
+                content_scope: &[],
+                success: SuccessRule::Any2xx,
+            }
+        }
+        other => unreachable!("`{other}` was checked against PROVIDERS above"),
+    })
+}
