@@ -16,7 +16,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Claim, DeliveryKey, Record, Store, StoreError, StoredResponse, Token};
+use super::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::providers::Fingerprint;
 
 /// Where the breaker stands.
@@ -245,10 +245,6 @@ impl<S: Store> Store for Breaker<S> {
 
     async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         self.observed(self.inner.release(key, token)).await
-    }
-
-    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
-        self.inner.inspect(key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

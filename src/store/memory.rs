@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::{
-    Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
-    unix_millis,
+    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
 };
 use crate::providers::Fingerprint;
 
@@ -298,21 +297,6 @@ impl Store for MemoryStore {
 
     async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         self.owned(key, token, |e, _| e.give_up(false))
-    }
-
-    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
-        self.with_entries(|map, now| {
-            map.get(key).filter(|e| e.live(now)).map(|e| Record {
-                status: e.status_at(now),
-                fingerprint: e.fp.map(hex::encode).unwrap_or_default(),
-                attempts: e.attempts,
-                duplicates: e.duplicates,
-                first_seen: e.first_seen,
-                last_seen: e.last_seen,
-                response_status: e.response.as_ref().map(|r| r.status),
-                claimed: e.live_owner(now).is_some(),
-            })
-        })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -96,21 +96,7 @@ pub enum Claim {
     Queued,
 }
 
-/// What `inspect` reports about a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub status: Status,
-    pub fingerprint: String,
-    pub attempts: u64,
-    pub duplicates: u64,
-    /// Unix milliseconds.
-    pub first_seen: u64,
-    pub last_seen: u64,
-    pub response_status: Option<u16>,
-    /// Whether a live claim (lease) holds the key now.
-    pub claimed: bool,
-}
-
+/// Where a delivery stands in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Processing,
@@ -192,12 +178,6 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
         key: &DeliveryKey,
         token: Token,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// What the store remembers about `key`.
-    fn inspect(
-        &self,
-        key: &DeliveryKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

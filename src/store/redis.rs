@@ -30,8 +30,7 @@ mod cluster_mode;
 /// The delivery log: extra arguments to the same scripts, and the reads.
 mod log;
 use super::{
-    Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
-    unix_millis,
+    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
 };
 use crate::config::topology::Topology;
 use crate::providers::Fingerprint;
@@ -462,47 +461,6 @@ impl Store for RedisStore {
             .arg(unix_millis());
         let (reply, _) = self.eval(&call, false).await?;
         Ok(int_of(&reply) == Some(1))
-    }
-
-    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
-        let (state, lock) = self.keys(key);
-        let mut conn = self.conn.clone();
-        let mut pipe = redis::pipe();
-        pipe.cmd("HMGET")
-            .arg(&state)
-            .arg(&[
-                "status",
-                "fp",
-                "attempts",
-                "duplicates",
-                "first_seen",
-                "last_seen",
-                "resp_status",
-                "restore",
-            ])
-            .cmd("EXISTS")
-            .arg(&lock);
-        let (fields, locked): (Vec<Option<String>>, i64) =
-            self.bounded(pipe.query_async(&mut conn)).await?;
-        let get = |i: usize| fields.get(i).cloned().flatten();
-        let Some(status) = status_of(
-            get(0).as_deref(),
-            get(7).as_deref() == Some("1") && get(6).is_some(),
-            locked == 1,
-        ) else {
-            return Ok(None);
-        };
-        let num = |i: usize| get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-        Ok(Some(Record {
-            status,
-            fingerprint: get(1).unwrap_or_default(),
-            attempts: num(2),
-            duplicates: num(3),
-            first_seen: num(4),
-            last_seen: num(5),
-            response_status: get(6).and_then(|s| s.parse().ok()),
-            claimed: locked == 1,
-        }))
     }
 
     fn confirms_completions(&self) -> bool {

@@ -14,6 +14,7 @@ use crate::common::RedisServer;
 use crate::common::cluster::{RedisCluster, SentinelSet};
 use bytes::Bytes;
 use idemgate::providers::{Fingerprint, fingerprint_body};
+use idemgate::store::log::DeliveryLog;
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse,
 };
@@ -85,7 +86,7 @@ async fn first_claim_wins_and_copies_see_in_flight<S: Store>(s: S) {
         other => panic!("expected InFlight, got {other:?}"),
     }
     assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
-    let r = s.inspect(&k).await.unwrap().expect("record");
+    let r = s.log_entry(&k).await.unwrap().expect("record");
     assert_eq!(r.status, Status::Processing);
     assert!(r.claimed);
     assert_eq!(r.attempts, 1);
@@ -104,7 +105,7 @@ async fn completion_is_replayed_and_counted<S: Store>(s: S) {
     assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(resp));
     // A different payload under a completed key is refused, and not counted.
     assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
-    let r = s.inspect(&k).await.unwrap().expect("record");
+    let r = s.log_entry(&k).await.unwrap().expect("record");
     assert_eq!(r.status, Status::Completed);
     assert_eq!(r.duplicates, 2);
     assert_eq!(r.attempts, 1);
@@ -118,13 +119,13 @@ async fn release_lets_the_next_copy_claim<S: Store>(s: S) {
     let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
     assert!(s.release(&k, t).await.unwrap());
     assert_eq!(
-        s.inspect(&k).await.unwrap().unwrap().status,
+        s.log_entry(&k).await.unwrap().unwrap().status,
         Status::Released
     );
     // After a release a different payload is simply a new first delivery.
     let t2 = claimed(s.claim(&k, &fp("b")).await.unwrap());
     assert_ne!(t, t2);
-    let r = s.inspect(&k).await.unwrap().unwrap();
+    let r = s.log_entry(&k).await.unwrap().unwrap();
     assert_eq!(r.attempts, 2);
     assert_eq!(r.fingerprint, hex::encode(fp("b")));
     // The released token no longer owns anything.
@@ -288,7 +289,7 @@ async fn a_call_outliving_retention_keeps_its_record<S: Store>(s: S) {
             assert!(s.renew(&k, t).await.unwrap());
         }
         let r = s
-            .inspect(&k)
+            .log_entry(&k)
             .await
             .unwrap()
             .expect("the record of a live claim");
@@ -627,7 +628,7 @@ async fn memory_store_survives_durations_past_the_clock() {
     assert!(s.release(&k, op).await.unwrap());
     s.ping().await.unwrap();
     assert_eq!(
-        s.inspect(&k).await.unwrap().unwrap().status,
+        s.log_entry(&k).await.unwrap().unwrap().status,
         Status::Completed
     );
 }

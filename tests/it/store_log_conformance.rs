@@ -329,7 +329,7 @@ async fn a_replay_that_never_settles_leaves_the_old_answer<S: Store>(s: S) {
         Claim::Completed(response(b"one"))
     );
     assert_eq!(
-        s.inspect(&k).await.unwrap().unwrap().status,
+        s.log_entry(&k).await.unwrap().unwrap().status,
         Status::Completed
     );
 }
@@ -408,7 +408,7 @@ async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
     );
     assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Queued);
     let end = tokio::time::Instant::now() + Duration::from_secs(5);
-    while s.inspect(&k).await.unwrap().is_some() {
+    while s.log_entry(&k).await.unwrap().is_some() {
         assert!(
             tokio::time::Instant::now() < end,
             "the record never expired"
