@@ -128,12 +128,12 @@ fn response() -> StoredResponse {
 async fn store_cycle<S: Store>(s: &S, n: u64) {
     let key = DeliveryKey::new("bench", format!("evt_{n}"));
     let fp = fingerprint_body(b"payload");
-    let Claim::Claimed(t) = s.claim(&key, &fp).await.unwrap() else {
+    let Claim::Claimed(t) = s.claim(&key, &fp, None).await.unwrap() else {
         panic!("not claimed")
     };
-    assert!(s.complete(&key, t, &response()).await.unwrap());
+    assert!(s.complete(&key, t, &response(), None).await.unwrap());
     assert!(matches!(
-        s.claim(&key, &fp).await.unwrap(),
+        s.claim(&key, &fp, None).await.unwrap(),
         Claim::Completed(_)
     ));
 }

@@ -77,8 +77,11 @@ async fn measure(stores: &[(&str, RedisStore)], n: usize) {
     for (label, store) in stores {
         for i in 0..200 {
             let k = DeliveryKey::new("stripe", event_id(&format!("w{label}"), i));
-            if let Claim::Claimed(t) = store.claim(&k, &fp).await.expect("claim") {
-                store.complete(&k, t, &answer).await.expect("complete");
+            if let Claim::Claimed(t) = store.claim(&k, &fp, None).await.expect("claim") {
+                store
+                    .complete(&k, t, &answer, None)
+                    .await
+                    .expect("complete");
             }
         }
     }
@@ -87,16 +90,21 @@ async fn measure(stores: &[(&str, RedisStore)], n: usize) {
         for ((label, store), (claims, completes, replays)) in stores.iter().zip(&mut samples) {
             let k = DeliveryKey::new("stripe", event_id(label, i));
             let t0 = Instant::now();
-            let c = store.claim(&k, &fp).await.expect("claim");
+            let c = store.claim(&k, &fp, None).await.expect("claim");
             claims.push(t0.elapsed());
             let Claim::Claimed(token) = c else {
                 panic!("fresh key not claimed: {c:?}")
             };
             let t1 = Instant::now();
-            assert!(store.complete(&k, token, &answer).await.expect("complete"));
+            assert!(
+                store
+                    .complete(&k, token, &answer, None)
+                    .await
+                    .expect("complete")
+            );
             completes.push(t1.elapsed());
             let t2 = Instant::now();
-            store.claim(&k, &fp).await.expect("replay");
+            store.claim(&k, &fp, None).await.expect("replay");
             replays.push(t2.elapsed());
         }
     }
@@ -114,7 +122,7 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
         RedisStore::new(&server.url(), label, LIFETIMES, Duration::from_secs(2)).expect("store");
     let fp = fingerprint_body(b"{}");
     let k = DeliveryKey::new("stripe", event_id("mem", 0));
-    let Claim::Claimed(t) = store.claim(&k, &fp).await.expect("claim") else {
+    let Claim::Claimed(t) = store.claim(&k, &fp, None).await.expect("claim") else {
         panic!("not claimed")
     };
     let state = store.state_key(&k);
@@ -131,7 +139,10 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
         usage(&state),
         usage(&lock)
     );
-    store.complete(&k, t, &answer).await.expect("complete");
+    store
+        .complete(&k, t, &answer, None)
+        .await
+        .expect("complete");
     println!(
         "  completed:  state hash {} B ({}), lock exists: {}",
         usage(&state),
@@ -157,8 +168,11 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
             let fp = fingerprint_body(b"{}");
             for i in (w..n).step_by(16) {
                 let k = DeliveryKey::new("stripe", event_id("bulk", i));
-                if let Claim::Claimed(t) = store.claim(&k, &fp).await.expect("claim") {
-                    store.complete(&k, t, &answer).await.expect("complete");
+                if let Claim::Claimed(t) = store.claim(&k, &fp, None).await.expect("claim") {
+                    store
+                        .complete(&k, t, &answer, None)
+                        .await
+                        .expect("complete");
                 }
             }
         });

@@ -29,6 +29,7 @@ use crate::answer::{
     upstream_answer, upstream_error_answer,
 };
 use crate::store::lease::{self, LeaseEvent};
+use crate::store::log::ClaimLog;
 
 /// A delivery whose key this gate has claimed: what forwarding and settling it needs.
 struct Delivery<'a> {
@@ -343,7 +344,14 @@ impl<S: Store> Gate<S> {
         let mut claim = self
             .timed(
                 StoreOp::Claim,
-                self.store.claim_logged(&dkey, &fp, kept.as_ref(), false),
+                self.store.claim(
+                    &dkey,
+                    &fp,
+                    Some(ClaimLog {
+                        kept: kept.as_ref(),
+                        replay: false,
+                    }),
+                ),
             )
             .await;
         loop {
@@ -552,7 +560,7 @@ impl<S: Store> Gate<S> {
                 match self
                     .timed(
                         StoreOp::Complete,
-                        self.store.complete_logged(key, token, &stored, &settled),
+                        self.store.complete(key, token, &stored, Some(&settled)),
                     )
                     .await
                 {
@@ -575,13 +583,13 @@ impl<S: Store> Gate<S> {
                 if let Err(e) = self
                     .timed(
                         StoreOp::Release,
-                        self.store.release_logged(
+                        self.store.release(
                             key,
                             token,
-                            &crate::store::log::Settled {
+                            Some(&crate::store::log::Settled {
                                 outcome: crate::store::log::LogOutcome::UpstreamError,
                                 ..settled
-                            },
+                            }),
                         ),
                     )
                     .await

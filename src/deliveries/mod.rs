@@ -16,7 +16,7 @@ use http::{HeaderMap, Method};
 
 use crate::providers::Fingerprint;
 use crate::store::lease::{self, LeaseEvent};
-use crate::store::log::{LogOutcome, Settled};
+use crate::store::log::{ClaimLog, LogOutcome, Settled};
 use crate::store::{Claim, DeliveryKey, Status, Store, StoreError, StoredResponse};
 use crate::upstream::{self, Outgoing, Upstream, UpstreamError};
 
@@ -67,7 +67,17 @@ pub async fn replay<S: Store>(
     hex::decode_to_slice(&entry.fingerprint, &mut fp)
         .map_err(|_| StoreError::Unavailable("stored fingerprint is not hex".into()))?;
     let was_completed = entry.status == Status::Completed;
-    let token = match store.claim_logged(key, &fp, None, true).await? {
+    let token = match store
+        .claim(
+            key,
+            &fp,
+            Some(ClaimLog {
+                kept: None,
+                replay: true,
+            }),
+        )
+        .await?
+    {
         Claim::Claimed(t) => t,
         Claim::InFlight { remaining } => {
             return Err(ReplayError::InFlight(crate::answer::retry_after_secs(
@@ -106,7 +116,7 @@ pub async fn replay<S: Store>(
                 restore_completed: false,
             };
             let recorded = store
-                .complete_logged(key, token, &stored, &settled)
+                .complete(key, token, &stored, Some(&settled))
                 .await
                 .unwrap_or(false);
             Ok(Replayed {
@@ -128,7 +138,7 @@ pub async fn replay<S: Store>(
                 latency_ms,
                 restore_completed: was_completed,
             };
-            if let Err(e) = store.release_logged(key, token, &settled).await {
+            if let Err(e) = store.release(key, token, Some(&settled)).await {
                 tracing::warn!(route = &*key.route, key = %key.key, error = %e, "releasing after a failed replay failed; the key frees at lease expiry");
             }
             Ok(Replayed {

@@ -117,7 +117,7 @@ impl QueueBackend for MemoryQueue {
     }
 
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
-        Box::pin(self.store.release(key, token))
+        Box::pin(self.store.release(key, token, None))
     }
 
     fn ensure_group<'a>(&'a self, _route: &'a str) -> StoreFuture<'a, ()> {
@@ -239,7 +239,7 @@ impl QueueBackend for MemoryQueue {
         response: &'a StoredResponse,
     ) -> StoreFuture<'a, bool> {
         let _ = self.with(|s| s.attempts.remove(key));
-        Box::pin(self.store.complete(key, token, response))
+        Box::pin(self.store.complete(key, token, response, None))
     }
 
     fn done<'a>(&'a self, route: &'a str, id: &'a str) -> StoreFuture<'a, ()> {

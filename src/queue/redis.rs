@@ -213,7 +213,7 @@ impl QueueBackend for RedisQueue {
     }
 
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
-        Box::pin(self.store.release(key, token))
+        Box::pin(self.store.release(key, token, None))
     }
 
     fn ensure_group<'a>(&'a self, route: &'a str) -> StoreFuture<'a, ()> {
@@ -356,7 +356,7 @@ impl QueueBackend for RedisQueue {
         token: Token,
         response: &'a StoredResponse,
     ) -> StoreFuture<'a, bool> {
-        Box::pin(self.store.complete(key, token, response))
+        Box::pin(self.store.complete(key, token, response, None))
     }
 
     fn done<'a>(&'a self, route: &'a str, id: &'a str) -> StoreFuture<'a, ()> {

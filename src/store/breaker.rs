@@ -16,7 +16,8 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Claim, DeliveryKey, Record, Store, StoreError, StoredResponse, Token};
+use super::log::{ClaimLog, Settled};
+use super::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::providers::Fingerprint;
 
 /// Where the breaker stands.
@@ -199,7 +200,8 @@ impl<S: Store> Breaker<S> {
     }
 }
 
-/// The delivery log, read and forgotten by operators.
+/// The delivery log, read and forgotten by operators: straight to the store, never
+/// held back by the breaker (the log's writes ride on claim, complete and release).
 impl<S: Store> crate::store::log::DeliveryLog for Breaker<S> {
     fn log_support(&self) -> crate::store::log::LogSupport {
         self.inner.log_support()
@@ -225,8 +227,13 @@ impl<S: Store> crate::store::log::DeliveryLog for Breaker<S> {
 }
 
 impl<S: Store> Store for Breaker<S> {
-    async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
-        self.gated(self.inner.claim(key, fp)).await
+    async fn claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: Option<ClaimLog<'_>>,
+    ) -> Result<Claim, StoreError> {
+        self.gated(self.inner.claim(key, fp, log)).await
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
@@ -238,17 +245,19 @@ impl<S: Store> Store for Breaker<S> {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
+        settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        self.observed(self.inner.complete(key, token, response))
+        self.observed(self.inner.complete(key, token, response, settled))
             .await
     }
 
-    async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        self.observed(self.inner.release(key, token)).await
-    }
-
-    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
-        self.inner.inspect(key).await
+    async fn release(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: Option<&Settled>,
+    ) -> Result<bool, StoreError> {
+        self.observed(self.inner.release(key, token, settled)).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -261,42 +270,6 @@ impl<S: Store> Store for Breaker<S> {
 
     fn confirms_completions(&self) -> bool {
         self.inner.confirms_completions()
-    }
-
-    // The delivery log (the operator's reads) passes through the breaker with the same rule as the
-    // plain calls: a claim is held back while the circuit is open, settlements are
-    // always attempted, and operator reads/forgets go straight to the store.
-
-    async fn claim_logged(
-        &self,
-        key: &DeliveryKey,
-        fp: &Fingerprint,
-        kept: Option<&crate::store::log::KeptRequest>,
-        force: bool,
-    ) -> Result<Claim, StoreError> {
-        self.gated(self.inner.claim_logged(key, fp, kept, force))
-            .await
-    }
-
-    async fn complete_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        response: &StoredResponse,
-        settled: &crate::store::log::Settled,
-    ) -> Result<bool, StoreError> {
-        self.observed(self.inner.complete_logged(key, token, response, settled))
-            .await
-    }
-
-    async fn release_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        settled: &crate::store::log::Settled,
-    ) -> Result<bool, StoreError> {
-        self.observed(self.inner.release_logged(key, token, settled))
-            .await
     }
 }
 

@@ -68,6 +68,18 @@ impl KeptRequest {
     }
 }
 
+/// What a logged claim also records, in the same round trip as the claim: the request
+/// to keep (for a later replay) and whether this claim is an operator's replay.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClaimLog<'a> {
+    /// The request as forwarded, kept when the route keeps payloads.
+    pub kept: Option<&'a KeptRequest>,
+    /// An operator's replay: it re-claims a completed key (still exclusive: a live
+    /// claim answers `InFlight`), and the key keeps its old answer unless the replay
+    /// records a new one.
+    pub replay: bool,
+}
+
 /// The last outcome a log entry records: a closed set, stored as its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogOutcome {

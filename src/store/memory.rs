@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use super::log::{ClaimLog, Settled};
 use super::{
-    Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
-    unix_millis,
+    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
 };
 use crate::providers::Fingerprint;
 
@@ -270,8 +270,18 @@ impl crate::store::log::DeliveryLog for MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
-        self.with_entries(|map, now| self.claim_in(map, now, key, fp, None))
+    async fn claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: Option<ClaimLog<'_>>,
+    ) -> Result<Claim, StoreError> {
+        match log {
+            Some(ClaimLog { replay: true, .. }) => self.replay_claim(key, fp),
+            _ => self.with_entries(|map, now| {
+                self.claim_in(map, now, key, fp, log.and_then(|l| l.kept))
+            }),
+        }
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
@@ -289,63 +299,31 @@ impl Store for MemoryStore {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
+        settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
         let retention = self.lifetimes.retention;
         self.owned(key, token, |e, now| {
-            e.complete(response, later(now, retention))
+            e.complete(response, later(now, retention));
+            e.note(settled);
         })
     }
 
-    async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| e.give_up(false))
-    }
-
-    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
-        self.with_entries(|map, now| {
-            map.get(key).filter(|e| e.live(now)).map(|e| Record {
-                status: e.status_at(now),
-                fingerprint: e.fp.map(hex::encode).unwrap_or_default(),
-                attempts: e.attempts,
-                duplicates: e.duplicates,
-                first_seen: e.first_seen,
-                last_seen: e.last_seen,
-                response_status: e.response.as_ref().map(|r| r.status),
-                claimed: e.live_owner(now).is_some(),
-            })
+    /// One lock section with the log's fields: no copy can claim in between (nor
+    /// between a failed replay and its way back to `completed`).
+    async fn release(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: Option<&Settled>,
+    ) -> Result<bool, StoreError> {
+        self.owned(key, token, |e, _| {
+            e.give_up(settled.is_some_and(|s| s.restore_completed));
+            e.note(settled);
         })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.with_entries(|_, _| ())
-    }
-
-    async fn claim_logged(
-        &self,
-        key: &DeliveryKey,
-        fp: &Fingerprint,
-        kept: Option<&crate::store::log::KeptRequest>,
-        force: bool,
-    ) -> Result<Claim, StoreError> {
-        self.claim_with_log(key, fp, kept, force).await
-    }
-
-    async fn complete_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        response: &StoredResponse,
-        settled: &crate::store::log::Settled,
-    ) -> Result<bool, StoreError> {
-        self.complete_with_log(key, token, response, settled).await
-    }
-
-    async fn release_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        settled: &crate::store::log::Settled,
-    ) -> Result<bool, StoreError> {
-        self.release_with_log(key, token, settled).await
     }
 }
 

@@ -96,21 +96,7 @@ pub enum Claim {
     Queued,
 }
 
-/// What `inspect` reports about a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub status: Status,
-    pub fingerprint: String,
-    pub attempts: u64,
-    pub duplicates: u64,
-    /// Unix milliseconds.
-    pub first_seen: u64,
-    pub last_seen: u64,
-    pub response_status: Option<u16>,
-    /// Whether a live claim (lease) holds the key now.
-    pub claimed: bool,
-}
-
+/// Where a delivery stands in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Processing,
@@ -163,12 +149,20 @@ pub struct Lifetimes {
 }
 
 /// The atomic claim and its settlement. Every method is one store round trip.
+///
+/// Claim, complete and release take the delivery log's data beside the store's own:
+/// `None` writes only the claim's state (queue workers, benches, the fenced-out
+/// release of an under-replicated claim), `Some` also records the delivery in the log
+/// in the same round trip. The operator's reads are the `log::DeliveryLog` supertrait.
 pub trait Store: log::DeliveryLog + Send + Sync + 'static {
-    /// Claims `key` for a delivery whose payload has fingerprint `fp`.
+    /// Claims `key` for a delivery whose payload has fingerprint `fp`. `None` claims
+    /// without touching the log; `Some` also records the delivery (and keeps its
+    /// request when `kept`), and a `replay` re-claims a completed key for an operator.
     fn claim(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
+        log: Option<log::ClaimLog<'_>>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Extends the owner's lease by another `lease`; false when `token` no longer owns it.
@@ -179,25 +173,25 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Marks the key completed with `response`; false when `token` no longer owns it.
+    /// `Some(settled)` also records how the upstream call went; `None` records nothing
+    /// beyond the answer.
     fn complete(
         &self,
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
+        settled: Option<&log::Settled>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives the claim up so the next copy is forwarded; false when not the owner.
+    /// `Some(settled)` also records how the upstream call went (and may put a failed
+    /// replay back to `completed`); `None` records nothing beyond the release.
     fn release(
         &self,
         key: &DeliveryKey,
         token: Token,
+        settled: Option<&log::Settled>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// What the store remembers about `key`.
-    fn inspect(
-        &self,
-        key: &DeliveryKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -214,56 +208,9 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
         false
     }
 
-    // --- The delivery log's writes, beside the claim. Every method has a default so
-    // that a store (or a wrapper around one) without a log keeps working; the defaults
-    // write nothing extra. The operator's reads are the `log::DeliveryLog` supertrait.
-
-    /// `claim`, also recording the delivery in the log (and the request itself when
-    /// `kept`), in the same round trip. `force` is an operator's replay: it re-claims a
-    /// completed key (the claim is still exclusive: a live claim answers `InFlight`).
-    fn claim_logged(
-        &self,
-        key: &DeliveryKey,
-        fp: &Fingerprint,
-        kept: Option<&crate::store::log::KeptRequest>,
-        force: bool,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        let _ = kept;
-        async move {
-            if force {
-                return Err(StoreError::Unavailable(
-                    "this store keeps no delivery log".into(),
-                ));
-            }
-            self.claim(key, fp).await
-        }
-    }
-
-    /// `complete`, also recording how the upstream call went, in the same round trip.
-    fn complete_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        response: &StoredResponse,
-        settled: &crate::store::log::Settled,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = settled;
-        self.complete(key, token, response)
-    }
-
-    /// `release`, also recording how the upstream call went, in the same round trip.
-    fn release_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        settled: &crate::store::log::Settled,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = settled;
-        self.release(key, token)
-    }
-
-    /// Claims, and while another holder has the key, polls until it completes or is
-    /// released, or `deadline` passes (then the last `InFlight` is returned).
+    /// Claims (unlogged), and while another holder has the key, polls until it
+    /// completes or is released, or `deadline` passes (then the last `InFlight` is
+    /// returned).
     fn wait_for(
         &self,
         key: &DeliveryKey,
@@ -273,7 +220,7 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
         async move {
             let mut pause = Duration::from_millis(5);
             loop {
-                let claim = self.claim(key, fp).await?;
+                let claim = self.claim(key, fp, None).await?;
                 let now = tokio::time::Instant::now();
                 if !matches!(claim, Claim::InFlight { .. }) || now >= deadline {
                     return Ok(claim);

@@ -29,9 +29,9 @@ use super::connection::Connection;
 mod cluster_mode;
 /// The delivery log: extra arguments to the same scripts, and the reads.
 mod log;
+use super::log::{ClaimLog, Settled};
 use super::{
-    Claim, DeliveryKey, Lifetimes, Record, Status, Store, StoreError, StoredResponse, Token,
-    unix_millis,
+    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
 };
 use crate::config::topology::Topology;
 use crate::providers::Fingerprint;
@@ -98,6 +98,15 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// Adds an optional last key (a logged script's recent index), if there is one.
+    pub(crate) fn key(mut self, key: Option<&'a str>) -> Self {
+        if let Some(k) = key {
+            self.keys[self.nkeys] = k;
+            self.nkeys += 1;
+        }
+        self
+    }
+
     pub(crate) fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
         v.write_redis_args(&mut self.args);
         self
@@ -122,13 +131,13 @@ impl<'a> Call<'a> {
 }
 
 impl RedisStore {
-    /// Turns a claim script's reply into a `Claim` (shared by the plain and the logged
-    /// claim). A claim that too few replicas confirmed is not safe to forward — a
-    /// failover now could hand the key to a copy — so it is given up in the background
-    /// (the provider's retry is then forwarded) and reported as a store error (503).
+    /// Turns a claim script's reply into a `Claim` (logged or not). A claim that too
+    /// few replicas confirmed is not safe to forward — a failover now could hand the
+    /// key to a copy — so it is given up in the background (with the unlogged release;
+    /// the provider's retry is then forwarded) and reported as a store error (503).
     /// An operator's replay of a completed key given up so goes back to `completed`
     /// with its old answer: release.lua decides that from the hash, not the caller.
-    pub(crate) fn finish_claim(
+    fn finish_claim(
         &self,
         key: &DeliveryKey,
         token: Token,
@@ -142,7 +151,7 @@ impl RedisStore {
                 let store = self.clone();
                 let key = key.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = store.release(&key, token).await {
+                    if let Err(e) = store.release(&key, token, None).await {
                         tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
                     }
                 });
@@ -411,15 +420,26 @@ impl crate::store::log::DeliveryLog for RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn claim(&self, key: &DeliveryKey, fp: &Fingerprint) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: Option<ClaimLog<'_>>,
+    ) -> Result<Claim, StoreError> {
         let (state, lock) = self.keys(key);
+        // Only a logged claim writes the recent index (see `log`).
+        let index = log.and_then(|_| self.index_key(&key.route));
         let token = Token::random();
-        let call = Call::new(&self.scripts.claim, &[&state, &lock])
+        let mut call = Call::new(&self.scripts.claim, &[&state, &lock])
+            .key(index.as_deref())
             .arg(token.to_hex())
             .arg(ms(self.lifetimes.lease))
             .arg(hex::encode(fp))
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention));
+        if let Some(log) = log {
+            call = self.claim_log_args(call, key, log);
+        }
         let (reply, acked) = self.eval(&call, true).await?;
         self.finish_claim(key, token, reply, acked)
     }
@@ -438,15 +458,20 @@ impl Store for RedisStore {
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
+        settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
+        // The complete script leaves the recent index alone (see complete.lua).
         let (state, lock) = self.keys(key);
-        let call = Call::new(&self.scripts.complete, &[&state, &lock])
+        let mut call = Call::new(&self.scripts.complete, &[&state, &lock])
             .arg(token.to_hex())
             .arg(response.status)
             .arg(response.headers.as_ref())
             .arg(response.body.as_ref())
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention));
+        if let Some(settled) = settled {
+            call = self.complete_log_args(call, settled);
+        }
         let (reply, acked) = self.eval(&call, true).await?;
         let owned = int_of(&reply) == Some(1);
         if owned && let Some(e) = self.under_replicated("completion", acked) {
@@ -455,87 +480,28 @@ impl Store for RedisStore {
         Ok(owned)
     }
 
-    async fn release(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        settled: Option<&Settled>,
+    ) -> Result<bool, StoreError> {
         let (state, lock) = self.keys(key);
-        let call = Call::new(&self.scripts.release, &[&state, &lock])
+        // Only a logged release writes the recent index (see `log`).
+        let index = settled.and_then(|_| self.index_key(&key.route));
+        let mut call = Call::new(&self.scripts.release, &[&state, &lock])
+            .key(index.as_deref())
             .arg(token.to_hex())
             .arg(unix_millis());
+        if let Some(settled) = settled {
+            call = self.release_log_args(call, key, settled);
+        }
         let (reply, _) = self.eval(&call, false).await?;
         Ok(int_of(&reply) == Some(1))
     }
 
-    async fn inspect(&self, key: &DeliveryKey) -> Result<Option<Record>, StoreError> {
-        let (state, lock) = self.keys(key);
-        let mut conn = self.conn.clone();
-        let mut pipe = redis::pipe();
-        pipe.cmd("HMGET")
-            .arg(&state)
-            .arg(&[
-                "status",
-                "fp",
-                "attempts",
-                "duplicates",
-                "first_seen",
-                "last_seen",
-                "resp_status",
-                "restore",
-            ])
-            .cmd("EXISTS")
-            .arg(&lock);
-        let (fields, locked): (Vec<Option<String>>, i64) =
-            self.bounded(pipe.query_async(&mut conn)).await?;
-        let get = |i: usize| fields.get(i).cloned().flatten();
-        let Some(status) = status_of(
-            get(0).as_deref(),
-            get(7).as_deref() == Some("1") && get(6).is_some(),
-            locked == 1,
-        ) else {
-            return Ok(None);
-        };
-        let num = |i: usize| get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-        Ok(Some(Record {
-            status,
-            fingerprint: get(1).unwrap_or_default(),
-            attempts: num(2),
-            duplicates: num(3),
-            first_seen: num(4),
-            last_seen: num(5),
-            response_status: get(6).and_then(|s| s.parse().ok()),
-            claimed: locked == 1,
-        }))
-    }
-
     fn confirms_completions(&self) -> bool {
         self.acks.is_some()
-    }
-
-    async fn claim_logged(
-        &self,
-        key: &DeliveryKey,
-        fp: &Fingerprint,
-        kept: Option<&crate::store::log::KeptRequest>,
-        force: bool,
-    ) -> Result<Claim, StoreError> {
-        self.claim_with_log(key, fp, kept, force).await
-    }
-
-    async fn complete_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        response: &StoredResponse,
-        settled: &crate::store::log::Settled,
-    ) -> Result<bool, StoreError> {
-        self.complete_with_log(key, token, response, settled).await
-    }
-
-    async fn release_logged(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        settled: &crate::store::log::Settled,
-    ) -> Result<bool, StoreError> {
-        self.release_with_log(key, token, settled).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -507,7 +507,7 @@ async fn sentinel_demoted_master_is_never_written_to() {
     let fp = fingerprint_body(b"x");
     let k1 = DeliveryKey::new("route", "before");
     assert!(matches!(
-        s.claim(&k1, &fp).await.unwrap(),
+        s.claim(&k1, &fp, None).await.unwrap(),
         Claim::Claimed(_)
     ));
     let (old, new) = (set.master.port, set.replica.port);
@@ -528,7 +528,7 @@ async fn sentinel_demoted_master_is_never_written_to() {
     let end = Instant::now() + Duration::from_secs(10);
     let mut errors = 0;
     loop {
-        match s.claim(&k2, &fp).await {
+        match s.claim(&k2, &fp, None).await {
             Ok(Claim::Claimed(_)) => break,
             Ok(other) => panic!("unexpected {other:?}"),
             Err(e) => {
@@ -544,7 +544,7 @@ async fn sentinel_demoted_master_is_never_written_to() {
     assert_eq!(cli(new, &["ROLE"]).lines().next(), Some("master"));
     // The first claim survived the failover (it replicated before the switch).
     assert!(matches!(
-        s.claim(&k1, &fp).await.unwrap(),
+        s.claim(&k1, &fp, None).await.unwrap(),
         Claim::InFlight { .. }
     ));
 }
@@ -562,10 +562,10 @@ async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index
     let s = RedisStore::new(&node.url(), "oneshard", lifetimes, Duration::from_secs(2)).unwrap();
     let fp = fingerprint_body(b"x");
     let k = DeliveryKey::new("route", "first");
-    let claim = s.claim_logged(&k, &fp, None, false).await;
+    let claim = s.claim(&k, &fp, LOGGED).await;
     assert!(matches!(claim, Ok(Claim::Claimed(_))), "{claim:?}");
     assert!(matches!(
-        s.claim_logged(&k, &fp, None, false).await,
+        s.claim(&k, &fp, LOGGED).await,
         Ok(Claim::InFlight { .. })
     ));
     assert_eq!(
@@ -637,7 +637,7 @@ async fn replica_acks_count_the_replicas_of_the_slots_master() {
     for i in 0..60 {
         let k = DeliveryKey::new("route", format!("k{i}"));
         let on_lonely = cluster.master_of(&s.state_key(&k)) == lonely;
-        match s.claim(&k, &fp).await {
+        match s.claim(&k, &fp, None).await {
             Ok(Claim::Claimed(_)) => {
                 assert!(!on_lonely, "a claim on the replica-less master counted");
                 counted += 1;

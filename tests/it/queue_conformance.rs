@@ -6,8 +6,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::common::RedisServer;
 use crate::common::monitor::Monitor;
+use crate::common::{REPLAY, RedisServer};
 use bytes::Bytes;
 use idemgate::providers::fingerprint_body;
 use idemgate::queue::memory::MemoryQueue;
@@ -71,7 +71,12 @@ fn memory_fixture(lifetimes: Lifetimes) -> Fixture<MemoryQueue, MemoryStore> {
 
 /// Claims `k` as a provider's first copy would, queues its entry and marks it queued.
 async fn accept<Q: QueueBackend, S: Store>(f: &Fixture<Q, S>, k: &DeliveryKey, keep: Duration) {
-    let Claim::Claimed(token) = f.store.claim(k, &fingerprint_body(b"{}")).await.unwrap() else {
+    let Claim::Claimed(token) = f
+        .store
+        .claim(k, &fingerprint_body(b"{}"), None)
+        .await
+        .unwrap()
+    else {
         panic!("first claim of {k:?}")
     };
     let e = entry(&k.key, unix_millis());
@@ -218,14 +223,14 @@ async fn a_queued_status_outlives_a_short_retention<Q: QueueBackend, S: Store>(f
     // Waiting in the queue, then backing off between attempts, each longer than
     // retention (300 ms).
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
     let read = f.queue.read_new(ROUTE, "c1", 10).await.unwrap();
     let Lock::Claimed { token, .. } = f.queue.lock(&k, &read[0].0, max_age).await.unwrap() else {
         panic!("lock")
     };
     assert!(f.queue.unlock(&k, token).await.unwrap());
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
 }
 
 /// A queued key acknowledges copies; one worker at a time holds it; once completed,
@@ -236,7 +241,7 @@ async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S:
     let k = DeliveryKey::new(ROUTE, "k1");
     let fp = fingerprint_body(b"{}");
     accept(&f, &k, DAY).await;
-    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
     let q = &f.queue;
     let id = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap()).remove(0);
     let Lock::Claimed { token, attempt } = q.lock(&k, &id, DAY).await.unwrap() else {
@@ -244,7 +249,7 @@ async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S:
     };
     assert_eq!(attempt, 1);
     assert_eq!(q.lock(&k, &id, DAY).await.unwrap(), Lock::Busy);
-    assert_eq!(f.store.claim(&k, &fp).await.unwrap(), Claim::Queued);
+    assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
     let resp = idemgate::store::StoredResponse {
         status: 200,
         headers: Bytes::new(),
@@ -253,7 +258,7 @@ async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S:
     assert!(q.complete(&k, token, &resp).await.unwrap());
     assert_eq!(q.lock(&k, &id, DAY).await.unwrap(), Lock::Completed);
     assert!(matches!(
-        f.store.claim(&k, &fp).await.unwrap(),
+        f.store.claim(&k, &fp, None).await.unwrap(),
         Claim::Completed(_)
     ));
 }
@@ -308,7 +313,7 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
     };
     assert!(q.complete(&k, token, &resp).await.unwrap());
     // The entry is not acknowledged (as when the acknowledgement failed).
-    let Claim::Claimed(_) = f.store.claim_logged(&k, &fp, None, true).await.unwrap() else {
+    let Claim::Claimed(_) = f.store.claim(&k, &fp, REPLAY).await.unwrap() else {
         panic!("the operator's replay claim")
     };
     // The replayer dies: its claim lapses without a completion or a release.
@@ -319,7 +324,7 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
         "a worker re-claimed a completed key after a lapsed replay"
     );
     assert_eq!(
-        f.store.claim(&k, &fp).await.unwrap(),
+        f.store.claim(&k, &fp, None).await.unwrap(),
         Claim::Completed(resp),
         "a copy after the lapsed replay"
     );

@@ -10,10 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::RedisServer;
 use crate::common::cluster::{RedisCluster, SentinelSet};
+use crate::common::{REPLAY, RedisServer};
 use bytes::Bytes;
 use idemgate::providers::{Fingerprint, fingerprint_body};
+use idemgate::store::log::DeliveryLog;
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse,
 };
@@ -59,7 +60,7 @@ async fn claim_eventually<S: Store>(
 ) -> idemgate::store::Token {
     let end = tokio::time::Instant::now() + deadline;
     loop {
-        match s.claim(k, f).await.unwrap() {
+        match s.claim(k, f, None).await.unwrap() {
             Claim::Claimed(t) => return t,
             other => {
                 assert!(
@@ -74,8 +75,8 @@ async fn claim_eventually<S: Store>(
 
 async fn first_claim_wins_and_copies_see_in_flight<S: Store>(s: S) {
     let k = key("evt_1");
-    claimed(s.claim(&k, &fp("a")).await.unwrap());
-    match s.claim(&k, &fp("a")).await.unwrap() {
+    claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    match s.claim(&k, &fp("a"), None).await.unwrap() {
         Claim::InFlight { remaining } => {
             assert!(
                 remaining > Duration::ZERO && remaining <= LONG.lease,
@@ -84,8 +85,8 @@ async fn first_claim_wins_and_copies_see_in_flight<S: Store>(s: S) {
         }
         other => panic!("expected InFlight, got {other:?}"),
     }
-    assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
-    let r = s.inspect(&k).await.unwrap().expect("record");
+    assert_eq!(s.claim(&k, &fp("b"), None).await.unwrap(), Claim::Mismatch);
+    let r = s.log_entry(&k).await.unwrap().expect("record");
     assert_eq!(r.status, Status::Processing);
     assert!(r.claimed);
     assert_eq!(r.attempts, 1);
@@ -94,17 +95,20 @@ async fn first_claim_wins_and_copies_see_in_flight<S: Store>(s: S) {
 
 async fn completion_is_replayed_and_counted<S: Store>(s: S) {
     let k = key("evt_2");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     let resp = response(b"\xff\x00not utf-8");
-    assert!(s.complete(&k, t, &resp).await.unwrap());
+    assert!(s.complete(&k, t, &resp, None).await.unwrap());
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(resp.clone())
     );
-    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Completed(resp));
+    assert_eq!(
+        s.claim(&k, &fp("a"), None).await.unwrap(),
+        Claim::Completed(resp)
+    );
     // A different payload under a completed key is refused, and not counted.
-    assert_eq!(s.claim(&k, &fp("b")).await.unwrap(), Claim::Mismatch);
-    let r = s.inspect(&k).await.unwrap().expect("record");
+    assert_eq!(s.claim(&k, &fp("b"), None).await.unwrap(), Claim::Mismatch);
+    let r = s.log_entry(&k).await.unwrap().expect("record");
     assert_eq!(r.status, Status::Completed);
     assert_eq!(r.duplicates, 2);
     assert_eq!(r.attempts, 1);
@@ -115,67 +119,70 @@ async fn completion_is_replayed_and_counted<S: Store>(s: S) {
 
 async fn release_lets_the_next_copy_claim<S: Store>(s: S) {
     let k = key("evt_3");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
-    assert!(s.release(&k, t).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    assert!(s.release(&k, t, None).await.unwrap());
     assert_eq!(
-        s.inspect(&k).await.unwrap().unwrap().status,
+        s.log_entry(&k).await.unwrap().unwrap().status,
         Status::Released
     );
     // After a release a different payload is simply a new first delivery.
-    let t2 = claimed(s.claim(&k, &fp("b")).await.unwrap());
+    let t2 = claimed(s.claim(&k, &fp("b"), None).await.unwrap());
     assert_ne!(t, t2);
-    let r = s.inspect(&k).await.unwrap().unwrap();
+    let r = s.log_entry(&k).await.unwrap().unwrap();
     assert_eq!(r.attempts, 2);
     assert_eq!(r.fingerprint, hex::encode(fp("b")));
     // The released token no longer owns anything.
-    assert!(!s.release(&k, t).await.unwrap());
-    assert!(!s.complete(&k, t, &response(b"x")).await.unwrap());
-    assert!(s.complete(&k, t2, &response(b"y")).await.unwrap());
+    assert!(!s.release(&k, t, None).await.unwrap());
+    assert!(!s.complete(&k, t, &response(b"x"), None).await.unwrap());
+    assert!(s.complete(&k, t2, &response(b"y"), None).await.unwrap());
 }
 
 async fn an_expired_owner_cannot_touch_the_next_owners_claim<S: Store>(s: S) {
     let k = key("evt_4");
-    let old = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let old = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     // The old owner stops renewing (crashed, or paused); its lease lapses.
     let new = claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
     assert_ne!(old, new);
     assert!(!s.renew(&k, old).await.unwrap(), "expired owner renewed");
     assert!(
-        !s.complete(&k, old, &response(b"old")).await.unwrap(),
+        !s.complete(&k, old, &response(b"old"), None).await.unwrap(),
         "expired owner completed"
     );
-    assert!(!s.release(&k, old).await.unwrap(), "expired owner released");
+    assert!(
+        !s.release(&k, old, None).await.unwrap(),
+        "expired owner released"
+    );
     // The new owner's claim is intact.
     assert!(matches!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::InFlight { .. }
     ));
-    assert!(s.complete(&k, new, &response(b"new")).await.unwrap());
+    assert!(s.complete(&k, new, &response(b"new"), None).await.unwrap());
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"new"))
     );
 }
 
 async fn renewal_keeps_a_live_claim_past_its_lease<S: Store>(s: S) {
     let k = key("evt_5");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     // Renew every 75 ms for well over three leases; no copy may claim meanwhile.
     for _ in 0..16 {
         tokio::time::sleep(Duration::from_millis(75)).await;
         assert!(s.renew(&k, t).await.unwrap());
         assert!(matches!(
-            s.claim(&k, &fp("a")).await.unwrap(),
+            s.claim(&k, &fp("a"), None).await.unwrap(),
             Claim::InFlight { .. }
         ));
     }
-    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
 }
 
 async fn a_crashed_claimers_key_frees_after_the_lease<S: Store>(s: S) {
     let k = key("evt_6");
     let started = tokio::time::Instant::now();
-    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     claim_eventually(&s, &k, &fp("a"), Duration::from_secs(5)).await;
     assert!(
         started.elapsed() >= Duration::from_millis(250),
@@ -186,7 +193,7 @@ async fn a_crashed_claimers_key_frees_after_the_lease<S: Store>(s: S) {
 
 async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
     let k = key("evt_7");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     let s2 = s.clone();
     let k2 = k.clone();
     let waiter = tokio::spawn(async move {
@@ -198,7 +205,7 @@ async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
         .await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(s.complete(&k, t, &response(b"first")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"first"), None).await.unwrap());
     assert_eq!(
         waiter.await.unwrap().unwrap(),
         Claim::Completed(response(b"first"))
@@ -206,7 +213,7 @@ async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
 
     // A holder that releases: the waiter claims for itself.
     let k = key("evt_7b");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     let s2 = s.clone();
     let k2 = k.clone();
     let waiter = tokio::spawn(async move {
@@ -218,12 +225,12 @@ async fn wait_for_returns_the_first_ones_answer<S: Store + Clone>(s: S) {
         .await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(s.release(&k, t).await.unwrap());
+    assert!(s.release(&k, t, None).await.unwrap());
     assert!(matches!(waiter.await.unwrap().unwrap(), Claim::Claimed(_)));
 
     // A holder that does neither: the waiter gives up at its deadline.
     let k = key("evt_7c");
-    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     let r = s
         .wait_for(
             &k,
@@ -240,7 +247,7 @@ async fn concurrent_claims_have_exactly_one_winner<S: Store + Clone>(s: S) {
     for _ in 0..200 {
         let s = s.clone();
         let k = k.clone();
-        set.spawn(async move { s.claim(&k, &fp("a")).await.unwrap() });
+        set.spawn(async move { s.claim(&k, &fp("a"), None).await.unwrap() });
     }
     let mut winners = 0;
     while let Some(c) = set.join_next().await {
@@ -255,10 +262,10 @@ async fn concurrent_claims_have_exactly_one_winner<S: Store + Clone>(s: S) {
 
 async fn retention_forgets_completed_keys<S: Store>(s: S) {
     let k = key("evt_9");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
-    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
     assert!(matches!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(_)
     ));
     // retention is 400 ms in this case's store
@@ -271,7 +278,7 @@ async fn keys_with_braces_and_unicode_are_separate<S: Store>(s: S) {
     let c = DeliveryKey::new("r2", "a}b{c");
     let d = DeliveryKey::new("r", "évènement-✓");
     for k in [&a, &b, &c, &d] {
-        claimed(s.claim(k, &fp("x")).await.unwrap());
+        claimed(s.claim(k, &fp("x"), None).await.unwrap());
     }
 }
 
@@ -282,31 +289,31 @@ async fn keys_with_braces_and_unicode_are_separate<S: Store>(s: S) {
 async fn a_call_outliving_retention_keeps_its_record<S: Store>(s: S) {
     for (name, completes) in [("evt_long_done", true), ("evt_long_released", false)] {
         let k = key(name);
-        let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+        let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(100)).await;
             assert!(s.renew(&k, t).await.unwrap());
         }
         let r = s
-            .inspect(&k)
+            .log_entry(&k)
             .await
             .unwrap()
             .expect("the record of a live claim");
         assert_eq!(r.fingerprint, hex::encode(fp("a")));
         assert!(r.claimed);
         assert!(matches!(
-            s.claim(&k, &fp("a")).await.unwrap(),
+            s.claim(&k, &fp("a"), None).await.unwrap(),
             Claim::InFlight { .. }
         ));
         if completes {
-            assert!(s.complete(&k, t, &response(b"late")).await.unwrap());
+            assert!(s.complete(&k, t, &response(b"late"), None).await.unwrap());
             assert_eq!(
-                s.claim(&k, &fp("a")).await.unwrap(),
+                s.claim(&k, &fp("a"), None).await.unwrap(),
                 Claim::Completed(response(b"late"))
             );
         } else {
-            assert!(s.release(&k, t).await.unwrap());
-            claimed(s.claim(&k, &fp("a")).await.unwrap());
+            assert!(s.release(&k, t, None).await.unwrap());
+            claimed(s.claim(&k, &fp("a"), None).await.unwrap());
         }
     }
 }
@@ -381,7 +388,7 @@ async fn redis_keys_share_a_hash_tag_and_expire() {
     let server = RedisServer::start_new();
     let s = RedisStore::new(&server.url(), "pfx", LONG, Duration::from_secs(1)).unwrap();
     let k = key("evt_tag");
-    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     let mut keys = server.keys();
     keys.sort();
     assert_eq!(
@@ -413,10 +420,10 @@ async fn redis_keys_share_a_hash_tag_and_expire() {
 async fn redis_restart_is_survived_and_outage_is_bounded() {
     let mut server = RedisServer::start_new();
     let s = RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_millis(500)).unwrap();
-    claimed(s.claim(&key("before"), &fp("a")).await.unwrap());
+    claimed(s.claim(&key("before"), &fp("a"), None).await.unwrap());
     server.stop();
     let t = std::time::Instant::now();
-    assert!(s.claim(&key("during"), &fp("a")).await.is_err());
+    assert!(s.claim(&key("during"), &fp("a"), None).await.is_err());
     assert!(s.ping().await.is_err());
     assert!(
         t.elapsed() < Duration::from_secs(3),
@@ -426,7 +433,7 @@ async fn redis_restart_is_survived_and_outage_is_bounded() {
     server.start();
     let end = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match s.claim(&key("after"), &fp("a")).await {
+        match s.claim(&key("after"), &fp("a"), None).await {
             Ok(c) => {
                 claimed(c);
                 break;
@@ -479,7 +486,7 @@ async fn the_store_connection_to_redis_has_nagle_off() {
     assert!(sockets_to(server.port()).is_empty());
     let s = RedisStore::new(&server.url(), "idemgate", LONG, Duration::from_secs(1)).unwrap();
     s.ping().await.unwrap();
-    claimed(s.claim(&key("nagle"), &fp("a")).await.unwrap());
+    claimed(s.claim(&key("nagle"), &fp("a"), None).await.unwrap());
     let sockets = sockets_to(server.port());
     assert!(!sockets.is_empty(), "no connection to Redis found");
     assert!(sockets.iter().all(|nodelay| *nodelay), "{sockets:?}");
@@ -495,7 +502,7 @@ async fn a_paused_redis_times_out() {
     s.ping().await.unwrap();
     server.pause(2000);
     let t = std::time::Instant::now();
-    let r = s.claim(&key("paused"), &fp("a")).await;
+    let r = s.claim(&key("paused"), &fp("a"), None).await;
     assert!(r.is_err(), "{r:?}");
     assert!(
         t.elapsed() < Duration::from_millis(1500),
@@ -513,7 +520,7 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
     let mut used = std::collections::BTreeSet::new();
     for i in 0..30 {
         let k = key(&format!("evt_{i}"));
-        let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+        let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
         let state = s.state_key(&k);
         let port = cluster.master_of(&state);
         let keys = cluster.keys_on(port);
@@ -525,9 +532,9 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
             keys.contains(&format!("{state}:lock")),
             "lock not beside {state}"
         );
-        assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+        assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
         assert_eq!(
-            s.claim(&k, &fp("a")).await.unwrap(),
+            s.claim(&k, &fp("a"), None).await.unwrap(),
             Claim::Completed(response(b"ok"))
         );
         used.insert(port);
@@ -546,15 +553,18 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
         .clone()
         .with_replica_acks(1, Duration::from_millis(50));
     let k = key("evt_acks");
-    let e = acked.claim(&k, &fp("a")).await.unwrap_err();
+    let e = acked.claim(&k, &fp("a"), None).await.unwrap_err();
     assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
     // the background release frees the key for the provider's retry
     let t = claim_eventually(&plain, &k, &fp("a"), Duration::from_secs(5)).await;
-    let e = acked.complete(&k, t, &response(b"ok")).await.unwrap_err();
+    let e = acked
+        .complete(&k, t, &response(b"ok"), None)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("completion reached 0 of 1"), "{e}");
     // Copies (not claims) are answered as usual.
     assert_eq!(
-        acked.claim(&k, &fp("a")).await.unwrap(),
+        acked.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
     );
 }
@@ -574,29 +584,29 @@ async fn redis_no_script_leaves_a_key_without_a_ttl() {
     let pttl = |k: &DeliveryKey| -> i64 { server.cli(&["PTTL", &s.state_key(k)]).parse().unwrap() };
     // Renewed past retention, then released: the hash lives and still expires.
     let k = key("evt_ttl_release");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(s.renew(&k, t).await.unwrap());
     }
     assert!(pttl(&k) > 0, "the hash of a renewed claim: {}", pttl(&k));
-    assert!(s.release(&k, t).await.unwrap());
+    assert!(s.release(&k, t, None).await.unwrap());
     assert!(pttl(&k) > 0, "after the release: {}", pttl(&k));
     // The hash is gone while the claim lives: the release leaves no key without TTL.
     let k = key("evt_ttl_gone_release");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     server.cli(&["DEL", &s.state_key(&k)]);
-    assert!(s.release(&k, t).await.unwrap());
+    assert!(s.release(&k, t, None).await.unwrap());
     assert_ne!(pttl(&k), -1, "the release re-created a hash without a TTL");
-    claimed(s.claim(&k, &fp("a")).await.unwrap());
+    claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     // The same for a completion: it expires, and copies get its answer.
     let k = key("evt_ttl_gone_complete");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     server.cli(&["DEL", &s.state_key(&k)]);
-    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
     assert!(pttl(&k) > 0, "after the completion: {}", pttl(&k));
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
     );
 }
@@ -612,22 +622,22 @@ async fn memory_store_survives_durations_past_the_clock() {
         retention: Duration::MAX,
     });
     let k = key("evt_huge");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     assert!(matches!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::InFlight { .. }
     ));
     assert!(s.renew(&k, t).await.unwrap());
-    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
     );
-    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
-    assert!(s.release(&k, op).await.unwrap());
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
+    assert!(s.release(&k, op, None).await.unwrap());
     s.ping().await.unwrap();
     assert_eq!(
-        s.inspect(&k).await.unwrap().unwrap().status,
+        s.log_entry(&k).await.unwrap().unwrap().status,
         Status::Completed
     );
 }

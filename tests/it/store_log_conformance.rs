@@ -6,13 +6,15 @@
 
 use std::time::Duration;
 
-use crate::common::RedisServer;
+use crate::common::{LOGGED, REPLAY, RedisServer};
 use bytes::Bytes;
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::queue::QueueBackend;
 use idemgate::queue::memory::MemoryQueue;
 use idemgate::queue::redis::RedisQueue;
-use idemgate::store::log::{Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled};
+use idemgate::store::log::{
+    ClaimLog, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled,
+};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
 };
@@ -67,9 +69,16 @@ async fn claim_complete_release_are_recorded<S: Store>(s: S) {
     assert_eq!(s.log_support(), LogSupport::Full);
     let k = key("evt_log");
     let t = claimed(
-        s.claim_logged(&k, &fp("a"), Some(&kept()), false)
-            .await
-            .unwrap(),
+        s.claim(
+            &k,
+            &fp("a"),
+            Some(ClaimLog {
+                kept: Some(&kept()),
+                replay: false,
+            }),
+        )
+        .await
+        .unwrap(),
     );
     let e = s.log_entry(&k).await.unwrap().unwrap();
     assert_eq!(
@@ -78,7 +87,7 @@ async fn claim_complete_release_are_recorded<S: Store>(s: S) {
     );
     assert_eq!(e.request, Some(kept()));
     assert!(
-        s.release_logged(&k, t, &settled("upstream_error", None, false))
+        s.release(&k, t, Some(&settled("upstream_error", None, false)))
             .await
             .unwrap()
     );
@@ -88,19 +97,19 @@ async fn claim_complete_release_are_recorded<S: Store>(s: S) {
     assert_eq!(e.upstream_status, None);
     assert_eq!(e.latency_ms, Some(7));
 
-    let t = claimed(s.claim_logged(&k, &fp("a"), None, false).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), LOGGED).await.unwrap());
     assert!(
-        s.complete_logged(
+        s.complete(
             &k,
             t,
             &response(b"ok"),
-            &settled("forwarded", Some(200), false)
+            Some(&settled("forwarded", Some(200), false))
         )
         .await
         .unwrap()
     );
     assert!(matches!(
-        s.claim_logged(&k, &fp("a"), None, false).await.unwrap(),
+        s.claim(&k, &fp("a"), LOGGED).await.unwrap(),
         Claim::Completed(_)
     ));
     let e = s.log_entry(&k).await.unwrap().unwrap();
@@ -120,42 +129,46 @@ async fn claim_complete_release_are_recorded<S: Store>(s: S) {
 
 async fn a_forced_claim_reclaims_completed_but_never_a_live_claim<S: Store>(s: S) {
     let k = key("evt_force");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     // A live claim: the operator's replay is refused too.
     assert!(matches!(
-        s.claim_logged(&k, &fp("a"), None, true).await.unwrap(),
+        s.claim(&k, &fp("a"), REPLAY).await.unwrap(),
         Claim::InFlight { .. }
     ));
-    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
-    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one"), None).await.unwrap());
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
     // Copies meanwhile see a claim in flight, not the old answer.
     assert!(matches!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::InFlight { .. }
     ));
     // A failed replay puts the key back to its old answer.
     assert!(
-        s.release_logged(&k, op, &settled("operator_replay_failed", Some(500), true))
-            .await
-            .unwrap()
-    );
-    assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
-        Claim::Completed(response(b"one"))
-    );
-    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
-    assert!(
-        s.complete_logged(
+        s.release(
             &k,
             op,
-            &response(b"two"),
-            &settled("operator_replay", Some(200), false)
+            Some(&settled("operator_replay_failed", Some(500), true))
         )
         .await
         .unwrap()
     );
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
+    assert!(
+        s.complete(
+            &k,
+            op,
+            &response(b"two"),
+            Some(&settled("operator_replay", Some(200), false))
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"two"))
     );
     let e = s.log_entry(&k).await.unwrap().unwrap();
@@ -165,30 +178,30 @@ async fn a_forced_claim_reclaims_completed_but_never_a_live_claim<S: Store>(s: S
 
 async fn forget_frees_a_key_but_not_a_live_claim<S: Store>(s: S) {
     let k = key("evt_forget");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     assert_eq!(s.forget(&k).await.unwrap(), Forgot::InFlight);
-    assert!(s.complete(&k, t, &response(b"ok")).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
     assert_eq!(s.forget(&k).await.unwrap(), Forgot::Forgotten);
     assert_eq!(s.forget(&k).await.unwrap(), Forgot::NotFound);
     assert!(s.log_entry(&k).await.unwrap().is_none());
-    claimed(s.claim(&k, &fp("b")).await.unwrap());
+    claimed(s.claim(&k, &fp("b"), None).await.unwrap());
 }
 
 async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
     let mut keys = Vec::new();
     for i in 0..5 {
         let k = DeliveryKey::new("listed", format!("evt_{i}"));
-        let t = claimed(s.claim_logged(&k, &fp("x"), None, false).await.unwrap());
+        let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
         if i == 2 {
-            s.release_logged(&k, t, &settled("upstream_error", Some(500), false))
+            s.release(&k, t, Some(&settled("upstream_error", Some(500), false)))
                 .await
                 .unwrap();
         } else {
-            s.complete_logged(
+            s.complete(
                 &k,
                 t,
                 &response(b"ok"),
-                &settled("forwarded", Some(200), false),
+                Some(&settled("forwarded", Some(200), false)),
             )
             .await
             .unwrap();
@@ -259,9 +272,9 @@ async fn a_reclaimed_delivery_stays_listed_while_it_lives<S: Store>(s: S) {
         let s = &s;
         let done = &done;
         async move {
-            let t = claimed(s.claim_logged(&k, &fp("x"), None, false).await.unwrap());
+            let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
             assert!(
-                s.complete_logged(&k, t, &response(b"ok"), done)
+                s.complete(&k, t, &response(b"ok"), Some(done))
                     .await
                     .unwrap()
             );
@@ -307,29 +320,29 @@ async fn until_unclaimed<S: Store>(s: &S, k: &DeliveryKey) {
 /// for the log. `s` has a 300 ms lease.
 async fn a_replay_that_never_settles_leaves_the_old_answer<S: Store>(s: S) {
     let k = key("evt_unsettled");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
-    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
-    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one"), None).await.unwrap());
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
     until_unclaimed(&s, &k).await;
     let e = s.log_entry(&k).await.unwrap().unwrap();
     assert_eq!(e.status, Status::Completed, "the log after a lapsed replay");
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one")),
         "a copy after a lapsed replay"
     );
     // The lapsed replayer can no longer record anything.
-    assert!(!s.complete(&k, op, &response(b"late")).await.unwrap());
-    assert!(!s.release(&k, op).await.unwrap());
+    assert!(!s.complete(&k, op, &response(b"late"), None).await.unwrap());
+    assert!(!s.release(&k, op, None).await.unwrap());
     // A second replay that lapses too: still the old answer.
-    claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
     until_unclaimed(&s, &k).await;
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one"))
     );
     assert_eq!(
-        s.inspect(&k).await.unwrap().unwrap().status,
+        s.log_entry(&k).await.unwrap().unwrap().status,
         Status::Completed
     );
 }
@@ -339,22 +352,26 @@ async fn a_replay_that_never_settles_leaves_the_old_answer<S: Store>(s: S) {
 /// flag, leaves the key completed with its old answer.
 async fn any_release_of_a_replay_keeps_the_old_answer<S: Store>(s: S) {
     let k = key("evt_release_replay");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
-    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
-    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
-    assert!(s.release(&k, op).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one"), None).await.unwrap());
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
+    assert!(s.release(&k, op, None).await.unwrap());
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one"))
     );
-    let op = claimed(s.claim_logged(&k, &fp("a"), None, true).await.unwrap());
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
     assert!(
-        s.release_logged(&k, op, &settled("operator_replay_failed", Some(500), false))
-            .await
-            .unwrap()
+        s.release(
+            &k,
+            op,
+            Some(&settled("operator_replay_failed", Some(500), false))
+        )
+        .await
+        .unwrap()
     );
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one"))
     );
     let e = s.log_entry(&k).await.unwrap().unwrap();
@@ -363,32 +380,30 @@ async fn any_release_of_a_replay_keeps_the_old_answer<S: Store>(s: S) {
     // A replay of a released key that fails leaves it released: the next copy is
     // forwarded.
     let r = key("evt_release_released");
-    let t = claimed(s.claim(&r, &fp("a")).await.unwrap());
-    assert!(s.release(&r, t).await.unwrap());
-    let op = claimed(s.claim_logged(&r, &fp("a"), None, true).await.unwrap());
-    assert!(s.release(&r, op).await.unwrap());
-    claimed(s.claim(&r, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&r, &fp("a"), None).await.unwrap());
+    assert!(s.release(&r, t, None).await.unwrap());
+    let op = claimed(s.claim(&r, &fp("a"), REPLAY).await.unwrap());
+    assert!(s.release(&r, op, None).await.unwrap());
+    claimed(s.claim(&r, &fp("a"), None).await.unwrap());
 }
 
 /// An operator's forced claim only ever re-claims the delivery it read: a key that is
 /// gone or now holds another payload is `Mismatch` (the replay answers "changed").
 async fn a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch<S: Store>(s: S) {
     assert_eq!(
-        s.claim_logged(&key("evt_gone"), &fp("a"), None, true)
-            .await
-            .unwrap(),
+        s.claim(&key("evt_gone"), &fp("a"), REPLAY).await.unwrap(),
         Claim::Mismatch
     );
     assert!(s.log_entry(&key("evt_gone")).await.unwrap().is_none());
     let k = key("evt_changed");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
-    assert!(s.complete(&k, t, &response(b"one")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one"), None).await.unwrap());
     assert_eq!(
-        s.claim_logged(&k, &fp("b"), None, true).await.unwrap(),
+        s.claim(&k, &fp("b"), REPLAY).await.unwrap(),
         Claim::Mismatch
     );
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one"))
     );
 }
@@ -399,16 +414,13 @@ async fn a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch<S: Store>(s: S) {
 /// acknowledged (never 422). `s` keeps deliveries for 300 ms.
 async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
     let k = key("evt_queued");
-    let t = claimed(s.claim(&k, &fp("a")).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     // keep_for zero: the record lives `retention` (300 ms) and expires below.
     assert!(q.mark_queued(&k, t, Duration::ZERO).await.unwrap());
-    assert_eq!(
-        s.claim_logged(&k, &fp("a"), None, true).await.unwrap(),
-        Claim::Queued
-    );
-    assert_eq!(s.claim(&k, &fp("a")).await.unwrap(), Claim::Queued);
+    assert_eq!(s.claim(&k, &fp("a"), REPLAY).await.unwrap(), Claim::Queued);
+    assert_eq!(s.claim(&k, &fp("a"), None).await.unwrap(), Claim::Queued);
     let end = tokio::time::Instant::now() + Duration::from_secs(5);
-    while s.inspect(&k).await.unwrap().is_some() {
+    while s.log_entry(&k).await.unwrap().is_some() {
         assert!(
             tokio::time::Instant::now() < end,
             "the record never expired"
@@ -421,7 +433,7 @@ async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
     };
     assert!(q.unlock(&k, token).await.unwrap());
     assert_eq!(
-        s.claim(&k, &fp("a")).await.unwrap(),
+        s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Queued,
         "a copy of a queued delivery whose record expired"
     );
@@ -448,12 +460,14 @@ async fn an_under_replicated_replay_claim_keeps_the_old_answer() {
         .clone()
         .with_replica_acks(1, Duration::from_millis(50));
     let k = key("evt_acked_replay");
-    let t = claimed(plain.claim(&k, &fp("a")).await.unwrap());
-    assert!(plain.complete(&k, t, &response(b"one")).await.unwrap());
-    let e = acked
-        .claim_logged(&k, &fp("a"), None, true)
-        .await
-        .unwrap_err();
+    let t = claimed(plain.claim(&k, &fp("a"), None).await.unwrap());
+    assert!(
+        plain
+            .complete(&k, t, &response(b"one"), None)
+            .await
+            .unwrap()
+    );
+    let e = acked.claim(&k, &fp("a"), REPLAY).await.unwrap_err();
     assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
     let lock = format!("{}:lock", plain.state_key(&k));
     crate::common::wait_until(Duration::from_secs(5), "the background release", || {
@@ -461,7 +475,7 @@ async fn an_under_replicated_replay_claim_keeps_the_old_answer() {
     })
     .await;
     assert_eq!(
-        plain.claim(&k, &fp("a")).await.unwrap(),
+        plain.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one"))
     );
 }

@@ -8,9 +8,7 @@ use std::time::Instant;
 
 use crate::providers::Fingerprint;
 use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
-use crate::store::{
-    Claim, DeliveryKey, Lifetimes, Status, StoreError, StoredResponse, Token, unix_millis,
-};
+use crate::store::{Claim, DeliveryKey, Lifetimes, Status, StoreError, Token, unix_millis};
 
 /// What the log adds to an entry.
 #[derive(Debug, Clone, Default)]
@@ -48,22 +46,27 @@ fn entry_of(key: &DeliveryKey, e: &Entry, now: Instant, with_request: bool) -> L
     }
 }
 
+impl Entry {
+    /// Records how the upstream call went (the log's fields), when the caller logs.
+    pub(super) fn note(&mut self, settled: Option<&Settled>) {
+        if let Some(settled) = settled {
+            self.log.outcome = Some(settled.outcome.as_str().to_string());
+            self.log.upstream_status = settled.upstream_status;
+            self.log.latency_ms = Some(settled.latency_ms);
+        }
+    }
+}
+
 impl MemoryStore {
-    /// A provider's claim is `claim` itself (plus the kept request, in the same lock
-    /// section); an operator's forced claim re-claims the delivery it read, with the
-    /// same answers as claim.lua: gone or another payload → `Mismatch`, queued →
-    /// `Queued`, a live claim → `InFlight`. Over a completed key it keeps the old
-    /// answer to go back to (`restore`).
-    pub(super) async fn claim_with_log(
+    /// An operator's replay re-claims the delivery it read, with the same answers as
+    /// claim.lua: gone or another payload → `Mismatch`, queued → `Queued`, a live
+    /// claim → `InFlight`. Over a completed key it keeps the old answer to go back to
+    /// (`restore`). (A provider's logged claim is `claim_in` with the kept request.)
+    pub(super) fn replay_claim(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
-        kept: Option<&KeptRequest>,
-        force: bool,
     ) -> Result<Claim, StoreError> {
-        if !force {
-            return self.with_entries(|map, now| self.claim_in(map, now, key, fp, kept));
-        }
         let Lifetimes { lease, retention } = self.lifetimes;
         self.with_entries(|map, now| {
             let Some(entry) = map.get_mut(key).filter(|e| e.live(now)) else {
@@ -97,42 +100,6 @@ impl MemoryStore {
                     remaining: until.saturating_duration_since(now),
                 },
             }
-        })
-    }
-
-    /// Records how the upstream call went (the log's fields).
-    fn note(e: &mut Entry, settled: &Settled) {
-        e.log.outcome = Some(settled.outcome.as_str().to_string());
-        e.log.upstream_status = settled.upstream_status;
-        e.log.latency_ms = Some(settled.latency_ms);
-    }
-
-    /// `complete` and the log's fields, in one lock section.
-    pub(super) async fn complete_with_log(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        response: &StoredResponse,
-        settled: &Settled,
-    ) -> Result<bool, StoreError> {
-        let retention = self.lifetimes.retention;
-        self.owned(key, token, |e, now| {
-            e.complete(response, later(now, retention));
-            Self::note(e, settled);
-        })
-    }
-
-    /// `release` (or the way back to `completed` of a replay) and the log's fields, in
-    /// one lock section: no copy can claim in between.
-    pub(super) async fn release_with_log(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        settled: &Settled,
-    ) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| {
-            e.give_up(settled.restore_completed);
-            Self::note(e, settled);
         })
     }
 

@@ -1,4 +1,5 @@
-//! The delivery log on Redis: the operator's reads of each delivery's status hash.
+//! The delivery log on Redis: the log's arguments to the claim, complete and release
+//! scripts, and the operator's reads of each delivery's status hash.
 //!
 //! The log is the status hash itself, plus a few fields written by the same claim,
 //! complete and release scripts (extra ARGV, so no extra round trip): `outcome`,
@@ -20,11 +21,10 @@ use redis::Value;
 
 use super::super::connection::Connection;
 use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, status_of};
-use crate::providers::Fingerprint;
 use crate::store::log::{
-    Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
+    ClaimLog, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
-use crate::store::{Claim, DeliveryKey, StoreError, StoredResponse, Token, unix_millis};
+use crate::store::{DeliveryKey, StoreError};
 
 /// The hash fields a listing reads, in order.
 const FIELDS: [&str; 13] = [
@@ -96,98 +96,42 @@ impl RedisStore {
         matches!(self.conn, Connection::Cluster(_)) || self.in_cluster_mode()
     }
 
-    /// The route's recent index, or None on a Redis Cluster (see the module docs).
-    fn index_key(&self, route: &str) -> Option<String> {
+    /// The route's recent index, or None on a Redis Cluster (see the module docs): the
+    /// optional last key of a logged claim or release.
+    pub(super) fn index_key(&self, route: &str) -> Option<String> {
         (!self.is_cluster()).then(|| self.index_key_always(route))
-    }
-
-    /// The keys a logged script touches: the status hash, the lock and, off Redis
-    /// Cluster (where it would be a second slot), the route's recent index.
-    fn logged_keys(&self, key: &DeliveryKey) -> Vec<String> {
-        let (state, lock) = self.keys(key);
-        let mut keys = vec![state, lock];
-        keys.extend(self.index_key(&key.route));
-        keys
     }
 
     fn index_key_always(&self, route: &str) -> String {
         format!("{}:recent:{{{route}}}", self.prefix)
     }
 
-    pub(super) async fn claim_with_log(
+    /// A logged claim's arguments after the claim's own (see claim.lua): the index's
+    /// trim, the delivery's key, whether it is a replay, and the kept request.
+    pub(super) fn claim_log_args<'a>(
         &self,
+        call: Call<'a>,
         key: &DeliveryKey,
-        fp: &Fingerprint,
-        kept: Option<&KeptRequest>,
-        force: bool,
-    ) -> Result<Claim, StoreError> {
-        let owned_keys = self.logged_keys(key);
-        let keys: Vec<&str> = owned_keys.iter().map(String::as_str).collect();
-        let token = Token::random();
-        let mut call = Call::new(&self.scripts.claim, &keys)
-            .arg(token.to_hex())
-            .arg(ms(self.lifetimes.lease))
-            .arg(hex::encode(fp))
-            .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention))
+        log: ClaimLog<'_>,
+    ) -> Call<'a> {
+        let mut call = call
             .arg(RECENT_PER_ROUTE)
             .arg(key.key.as_str())
-            .arg(if force { "1" } else { "0" });
-        if let Some(k) = kept {
+            .arg(if log.replay { "1" } else { "0" });
+        if let Some(k) = log.kept {
             call = call
                 .arg(k.method.as_str())
                 .arg(k.path.as_str())
                 .arg(k.headers.as_ref())
                 .arg(k.body.as_ref());
         }
-        let (reply, acked) = self.eval(&call, true).await?;
-        self.finish_claim(key, token, reply, acked)
+        call
     }
 
-    pub(super) async fn complete_with_log(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        response: &StoredResponse,
-        settled: &Settled,
-    ) -> Result<bool, StoreError> {
-        // The complete script leaves the recent index alone (see complete.lua).
-        let (state, lock) = self.keys(key);
-        let call = Call::new(&self.scripts.complete, &[&state, &lock])
-            .arg(token.to_hex())
-            .arg(response.status)
-            .arg(response.headers.as_ref())
-            .arg(response.body.as_ref())
-            .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention))
-            .arg(settled.outcome.as_str())
-            .arg(
-                settled
-                    .upstream_status
-                    .map(|s| s.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(settled.latency_ms);
-        let (reply, acked) = self.eval(&call, true).await?;
-        let owned = int_of(&reply) == Some(1);
-        if owned && let Some(e) = self.under_replicated("completion", acked) {
-            return Err(e);
-        }
-        Ok(owned)
-    }
-
-    pub(super) async fn release_with_log(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        settled: &Settled,
-    ) -> Result<bool, StoreError> {
-        let owned_keys = self.logged_keys(key);
-        let keys: Vec<&str> = owned_keys.iter().map(String::as_str).collect();
-        let call = Call::new(&self.scripts.release, &keys)
-            .arg(token.to_hex())
-            .arg(unix_millis())
-            .arg(settled.outcome.as_str())
+    /// A logged completion's arguments after the completion's own: how the upstream
+    /// call went.
+    pub(super) fn complete_log_args<'a>(&self, call: Call<'a>, settled: &Settled) -> Call<'a> {
+        call.arg(settled.outcome.as_str())
             .arg(
                 settled
                     .upstream_status
@@ -195,6 +139,17 @@ impl RedisStore {
                     .unwrap_or_default(),
             )
             .arg(settled.latency_ms)
+    }
+
+    /// A logged release's arguments after the release's own (see release.lua): how the
+    /// upstream call went, whether to go back to `completed`, and the index's upkeep.
+    pub(super) fn release_log_args<'a>(
+        &self,
+        call: Call<'a>,
+        key: &DeliveryKey,
+        settled: &Settled,
+    ) -> Call<'a> {
+        self.complete_log_args(call, settled)
             .arg(if settled.restore_completed { "1" } else { "0" })
             .arg(key.key.as_str())
             .arg(RECENT_PER_ROUTE)
@@ -202,9 +157,7 @@ impl RedisStore {
             .arg(ms(self
                 .lifetimes
                 .retention
-                .saturating_add(self.lifetimes.lease)));
-        let (reply, _) = self.eval(&call, false).await?;
-        Ok(int_of(&reply) == Some(1))
+                .saturating_add(self.lifetimes.lease)))
     }
 
     pub(super) async fn read_log_entry(

@@ -45,6 +45,19 @@ pub const SECRET_WRONG: &str = "whsec_d3Jvbmctc2VjcmV0LW5vYm9keS1jb25maWd1cmVkLW
 pub const ROUTE: &str = "wh";
 pub const PATH: &str = "/webhooks/wh";
 
+/// A provider's logged claim that keeps no request (the store's log, as the gate writes it).
+pub const LOGGED: Option<idemgate::store::log::ClaimLog<'static>> =
+    Some(idemgate::store::log::ClaimLog {
+        kept: None,
+        replay: false,
+    });
+/// An operator's replay claim (as the admin API's replay takes it).
+pub const REPLAY: Option<idemgate::store::log::ClaimLog<'static>> =
+    Some(idemgate::store::log::ClaimLog {
+        kept: None,
+        replay: true,
+    });
+
 // ---------------------------------------------------------------------------
 // small utilities
 // ---------------------------------------------------------------------------
