@@ -59,7 +59,7 @@ start_upstream() {
 }
 
 # The peer needs Debian's nginx Lua module (with its NDK), the Redis driver and SHA-256.
-LUA_MODULES=/usr/lib/nginx/modules
+LUA_MODULES=${LUA_MODULES:-/usr/lib/nginx/modules}
 LUA_PEER_PACKAGES=(libnginx-mod-http-lua lua-nginx-redis lua-nginx-string)
 peer_available() {
   [ -f "$LUA_MODULES/ndk_http_module.so" ] && [ -f "$LUA_MODULES/ngx_http_lua_module.so" ] &&
