@@ -5,9 +5,9 @@
 --   1. verify `webhook-signature` (`v1,<base64>` entries, HMAC-SHA256 over
 --      `{webhook-id}.{webhook-timestamp}.{body}` with the `whsec_` secret) and the
 --      timestamp's tolerance window: 401 otherwise (400 for a missing header);
---   2. claim the id in Redis with one `SET key "p" NX PX lease GET`: the old value comes
---      back when the key exists (a copy: its stored answer is replayed, or 409 while
---      the first delivery is in flight); nil means this request owns the id;
+--   2. claim the id in Redis with one `SET key "p" NX PX lease GET` (Redis >= 7.0): the
+--      old value comes back when the key exists (a copy: its stored answer is replayed,
+--      or 409 while the first delivery is in flight); nil means this request owns it;
 --   3. forward to the upstream (a subrequest to a `proxy_pass` location with upstream
 --      keep-alive);
 --   4. a 2xx answer is recorded with `SET key answer PX retention` and returned; any
