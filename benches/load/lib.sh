@@ -1,6 +1,6 @@
 # Shared by the load scripts (sourced): a work folder and the processes started in it,
 # all removed on exit; free loopback ports; waiting for a port to listen; redis-server,
-# nginx, and idemgate's config for the load route.
+# nginx, the nginx + Lua + Redis peer, and idemgate's config for the load route.
 
 SECRET="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
@@ -23,20 +23,22 @@ wait_port() {
   echo "nothing listens on $1" >&2; return 1
 }
 
-# Starts a private redis-server on a free port; sets REDIS_PORT.
+# Starts a private redis-server on a free port; sets REDIS_PORT, REDIS_PID.
 start_redis() {
   REDIS_PORT=$(free_port)
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
-  pids+=($!)
+  REDIS_PID=$!
+  pids+=("$REDIS_PID")
   wait_port "$REDIS_PORT"
 }
 
-start_nginx() { # name port body-of-http-block; NGINX_WORKERS (auto) worker processes
+start_nginx() { # name port body-of-http-block [main-context lines]; NGINX_WORKERS (auto), NGINX_LOGLEVEL (warn)
   local dir="$work/nginx-$1"; mkdir -p "$dir/logs"
   cat >"$dir/nginx.conf" <<CONF
+${4:-}
 worker_processes ${NGINX_WORKERS:-auto};
 pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
+error_log $dir/logs/error.log ${NGINX_LOGLEVEL:-warn};
 events { worker_connections 4096; }
 http {
   access_log off;
@@ -45,7 +47,8 @@ http {
 }
 CONF
   "$NGINX" -c "$dir/nginx.conf" -p "$dir" -g 'daemon off;' &
-  pids+=($!)
+  NGINX_PID=$!
+  pids+=("$NGINX_PID")
   wait_port "$2"
 }
 
@@ -53,6 +56,32 @@ CONF
 start_upstream() {
   UP_PORT=$(free_port)
   start_nginx upstream "$UP_PORT" "server { listen 127.0.0.1:$UP_PORT; location / { return 200 \"ok\"; } }"
+}
+
+# The peer needs Debian's nginx Lua module (with its NDK), the Redis driver and SHA-256.
+LUA_MODULES=${LUA_MODULES:-/usr/lib/nginx/modules}
+LUA_PEER_PACKAGES=(libnginx-mod-http-lua lua-nginx-redis lua-nginx-string)
+peer_available() {
+  [ -f "$LUA_MODULES/ndk_http_module.so" ] && [ -f "$LUA_MODULES/ngx_http_lua_module.so" ] &&
+    [ -f /usr/share/lua/5.1/nginx/redis.lua ] && [ -f /usr/share/lua/5.1/nginx/sha256.lua ]
+}
+
+# Starts the nginx + Lua + Redis peer (benches/load/peer_lua) on a free port, in front of
+# the upstream and the Redis of start_upstream/start_redis, with PEER_WORKERS (auto)
+# worker processes; sets PEER_PORT, PEER_PID.
+start_peer() {
+  PEER_PORT=$(free_port)
+  NGINX_WORKERS=${PEER_WORKERS:-${NGINX_WORKERS:-auto}} start_nginx peer "$PEER_PORT" "upstream app { server 127.0.0.1:$UP_PORT; keepalive 64; }
+  lua_package_path \"$PWD/benches/load/peer_lua/?.lua;;\";
+  init_by_lua_block { require(\"peer\").configure({ redis_port = $REDIS_PORT, secrets = { \"$SECRET\" } }) }
+  client_max_body_size 1m; client_body_buffer_size 1m; subrequest_output_buffer_size 64k;
+  server {
+    listen 127.0.0.1:$PEER_PORT;
+    location /_upstream/ { internal; proxy_pass http://app/; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
+    location / { content_by_lua_block { require(\"peer\").handle() } }
+  }" "load_module $LUA_MODULES/ndk_http_module.so;
+load_module $LUA_MODULES/ngx_http_lua_module.so;"
+  PEER_PID=$NGINX_PID
 }
 
 idemgate_config() { # file listen-port admin-port store-url (empty: memory store)

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # The whole-process load benchmark. Starts, on loopback ports of this machine:
 # redis-server, an nginx upstream answering `200 ok`, an nginx `proxy_pass` with
-# upstream keep-alive, and idemgate (Redis store) in front of the same upstream; drives
-# each with wrk (THREADS threads, CONNS connections, 1 KiB signed Standard Webhooks
-# deliveries) in one run, then a fixed-rate run (loadgen) for the latency idemgate
-# adds over direct. Prints one table.
+# upstream keep-alive, an nginx + Lua + Redis peer (benches/load/peer_lua: the same
+# signature check, claim, forward and record, written OpenResty-style), and idemgate
+# (Redis store) in front of the same upstream; drives each with wrk (THREADS threads,
+# CONNS connections, 1 KiB signed Standard Webhooks deliveries: first deliveries,
+# DUP_SHARE duplicates, COPY_SHARE duplicates) in one run, then a fixed-rate run
+# (loadgen) for the latency idemgate adds over direct. Prints one table and the ratios.
 #
 #   benches/load/run.sh                 # 10 s per target (the figures in BENCHMARKS.md)
 #   DURATION=2 benches/load/run.sh      # a smoke run (CI)
+#   PEER=0 benches/load/run.sh          # without the nginx + Lua + Redis peer
+#   PEER_WORKERS=1 benches/load/run.sh  # the peer with one nginx worker (default: auto)
+#
+# The peer needs Debian's libnginx-mod-http-lua, lua-nginx-redis and lua-nginx-string;
+# they are installed when missing, and where that fails its rows are skipped (said so,
+# the run goes on). A peer that starts but answers wrongly fails the run.
 #
 # Every run is bounded (wrk -d, loadgen RATE×SECONDS); every process is stopped on exit.
 set -euo pipefail
@@ -19,7 +27,8 @@ CONNS=${CONNS:-32}
 RATE=${RATE:-2000}
 RATE_SECONDS=${RATE_SECONDS:-$DURATION}
 DUP_SHARE=${DUP_SHARE:-0.5}
-
+COPY_SHARE=${COPY_SHARE:-0.98}
+PEER=${PEER:-1}
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
@@ -29,11 +38,26 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+. benches/load/lib.sh
+
+peer_skip=""
+if [ "$PEER" != 1 ]; then
+  peer_skip="PEER=$PEER"
+elif ! peer_available; then
+  echo "installing ${LUA_PEER_PACKAGES[*]} (the nginx + Lua + Redis peer)" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${LUA_PEER_PACKAGES[@]}"; } >/dev/null 2>&1 || true
+  if ! peer_available; then
+    peer_skip="Debian's ${LUA_PEER_PACKAGES[*]} are not installed and could not be installed here"
+  fi
+fi
+if [ -n "$peer_skip" ]; then
+  echo "SKIPPING the nginx + Lua + Redis peer: $peer_skip" >&2
+fi
+
 cargo build --release --quiet --bin idemgate --example loadgen
 BIN=target/release/idemgate
 LOADGEN=target/release/examples/loadgen
 
-. benches/load/lib.sh
 start_redis
 
 start_upstream
@@ -55,11 +79,14 @@ start_idemgate() {
 }
 stop_idemgate() { kill -TERM "$IG_PID" 2>/dev/null || true; wait "$IG_PID" 2>/dev/null || true; }
 cpu_ticks() { awk '{print $14+$15}' /proc/"$1"/stat; }
+ticks_of() { local t=0 p; for p in "$@"; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
+per_1000() { python3 -c "print(f'{$1/$(getconf CLK_TCK)/($2/1000):.3f}')"; } # ticks requests -> CPU s / 1000
 
 # Request data: enough fresh ids for DURATION at up to 20k req/s per thread.
 PER_THREAD=${PER_THREAD:-$((DURATION * 20000))}
 python3 benches/load/gen_requests.py "$work/fresh" "$THREADS" "$PER_THREAD" 0 "$SECRET"
 python3 benches/load/gen_requests.py "$work/half" "$THREADS" "$PER_THREAD" "$DUP_SHARE" "$SECRET"
+python3 benches/load/gen_requests.py "$work/copies" "$THREADS" "$PER_THREAD" "$COPY_SHARE" "$SECRET"
 
 run_wrk() { # data-dir url -> RESULT line
   IDEMGATE_LOAD_DIR="$1" wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 10s \
@@ -68,31 +95,64 @@ run_wrk() { # data-dir url -> RESULT line
 field() { sed -E "s/.* $2=([0-9]+).*/\1/" <<<" $1"; }
 
 rows=()
-add_row() { # name result [rss_peak_kb cpu_s_per_1000 idle_kb]
-  local r=$2 req dur rps
+declare -A rps_of
+add_row() { # tag name result [peak_rss cpu_s_per_1000 idle_rss redis_cpu_s_per_1000]
+  local r=$3 req dur rps
   req=$(field "$r" requests); dur=$(field "$r" duration_us)
   rps=$(python3 -c "print(round($req/($dur/1e6)))")
-  rows+=("$1|$rps|$(field "$r" p50_us)|$(field "$r" p99_us)|$(field "$r" non2xx)|${3:--}|${4:--}|${5:--}|$(field "$r" wrapped)")
-  echo "$1: $rps req/s" >&2
+  rps_of[$1]=$rps
+  rows+=("$2|$rps|$(field "$r" p50_us)|$(field "$r" p99_us)|$(field "$r" non2xx)|${4:--}|${5:--}|${6:--}|${7:--}|$(field "$r" wrapped)")
+  echo "$2: $rps req/s" >&2
 }
+skip_row() { rows+=("$1|skipped|-|-|-|-|-|-|-|-"); }
 
-measure_idemgate() { # name data-dir
+measure_idemgate() { # tag name data-dir
   start_idemgate
-  local t0 t1 r req hwm cpu
-  t0=$(cpu_ticks "$IG_PID")
-  r=$(run_wrk "$2" "http://127.0.0.1:$IG_PORT/webhooks/load")
-  t1=$(cpu_ticks "$IG_PID")
+  local t0 t1 r0 r1 r req hwm
+  t0=$(cpu_ticks "$IG_PID"); r0=$(cpu_ticks "$REDIS_PID")
+  r=$(run_wrk "$3" "http://127.0.0.1:$IG_PORT/webhooks/load")
+  t1=$(cpu_ticks "$IG_PID"); r1=$(cpu_ticks "$REDIS_PID")
   hwm=$(awk '/VmHWM/{print $2}' /proc/$IG_PID/status)
   req=$(field "$r" requests)
-  cpu=$(python3 -c "print(f'{($t1-$t0)/$(getconf CLK_TCK)/($req/1000):.3f}')")
-  add_row "$1" "$r" "$((hwm / 1024)) MiB" "$cpu" "$((IDLE_RSS_KB / 1024)) MiB"
+  add_row "$1" "$2" "$r" "$((hwm / 1024)) MiB" "$(per_1000 $((t1 - t0)) "$req")" "$((IDLE_RSS_KB / 1024)) MiB" \
+    "$(per_1000 $((r1 - r0)) "$req")"
   stop_idemgate
 }
 
-add_row "direct to upstream (nginx)" "$(run_wrk "$work/fresh" "http://127.0.0.1:$UP_PORT/webhooks/load")"
-add_row "nginx proxy_pass, keep-alive" "$(run_wrk "$work/fresh" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
-measure_idemgate "idemgate, first deliveries" "$work/fresh"
-measure_idemgate "idemgate, ${DUP_SHARE} duplicates" "$work/half"
+# The peer's CPU is its master's and workers' (no RSS: summed over processes it would
+# count the shared pages once per worker).
+measure_peer() { # tag name data-dir
+  redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
+  local procs t0 t1 r0 r1 r req
+  mapfile -t procs < <(echo "$PEER_PID"; pgrep -P "$PEER_PID")
+  t0=$(ticks_of "${procs[@]}"); r0=$(cpu_ticks "$REDIS_PID")
+  r=$(run_wrk "$3" "http://127.0.0.1:$PEER_PORT/webhooks/load")
+  t1=$(ticks_of "${procs[@]}"); r1=$(cpu_ticks "$REDIS_PID")
+  req=$(field "$r" requests)
+  add_row "$1" "$2" "$r" "-" "$(per_1000 $((t1 - t0)) "$req")" "-" "$(per_1000 $((r1 - r0)) "$req")"
+}
+
+PEER_NAME="nginx + Lua + Redis peer"
+add_row direct "direct to upstream (nginx)" "$(run_wrk "$work/fresh" "http://127.0.0.1:$UP_PORT/webhooks/load")"
+add_row proxy "nginx proxy_pass, keep-alive" "$(run_wrk "$work/fresh" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
+add_row proxy_copies "nginx proxy_pass, keep-alive, ${COPY_SHARE} duplicates (all forwarded)" \
+  "$(run_wrk "$work/copies" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
+if [ -z "$peer_skip" ]; then
+  start_peer || { cat "$work/nginx-peer/logs/error.log" >&2; echo "the nginx + Lua + Redis peer did not start" >&2; exit 1; }
+  python3 benches/load/peer_lua/check.py "$PEER_PORT" "$SECRET"
+  measure_peer peer_first "$PEER_NAME, first deliveries" "$work/fresh"
+  measure_peer peer_half "$PEER_NAME, ${DUP_SHARE} duplicates" "$work/half"
+  measure_peer peer_copies "$PEER_NAME, ${COPY_SHARE} duplicates" "$work/copies"
+  if grep -q '\[error\]' "$work/nginx-peer/logs/error.log"; then
+    echo "the peer logged errors:" >&2; grep '\[error\]' "$work/nginx-peer/logs/error.log" | head -5 >&2
+  fi
+  kill -TERM "$PEER_PID" 2>/dev/null || true; wait "$PEER_PID" 2>/dev/null || true
+else
+  for n in "first deliveries" "${DUP_SHARE} duplicates" "${COPY_SHARE} duplicates"; do skip_row "$PEER_NAME, $n"; done
+fi
+measure_idemgate ig_first "idemgate, first deliveries" "$work/fresh"
+measure_idemgate ig_half "idemgate, ${DUP_SHARE} duplicates" "$work/half"
+measure_idemgate ig_copies "idemgate, ${COPY_SHARE} duplicates" "$work/copies"
 
 # Fixed rate: the latency idemgate adds over direct at a moderate rate.
 fr_direct=$("$LOADGEN" "http://127.0.0.1:$UP_PORT/webhooks/load" "$RATE" "$RATE_SECONDS" "$SECRET")
@@ -103,17 +163,20 @@ stop_idemgate
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1024/1024)}' /proc/meminfo) GiB; wrk -t$THREADS -c$CONNS -d${DURATION}s; 1 KiB signed deliveries; IDEMGATE_LOG=${IDEMGATE_LOG:-info}"
 echo
-echo "| target | req/s | p50 µs | p99 µs | non-2xx | peak RSS | CPU s / 1000 | idle RSS | id wraps |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| target | req/s | p50 µs | p99 µs | non-2xx | peak RSS | CPU s / 1000 | idle RSS | Redis CPU s / 1000 | id wraps |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| ${r//|/ | } |"; done
-proxy=$(cut -d'|' -f2 <<<"${rows[1]}")
-first=$(cut -d'|' -f2 <<<"${rows[2]}")
-half=$(cut -d'|' -f2 <<<"${rows[3]}")
 echo
-python3 - "$proxy" "$first" "$half" <<'PY'
+python3 - "${rps_of[proxy]}" "${rps_of[proxy_copies]}" "${rps_of[ig_first]}" "${rps_of[ig_half]}" "${rps_of[ig_copies]}" \
+  "${rps_of[peer_first]:-0}" "${rps_of[peer_half]:-0}" "${rps_of[peer_copies]:-0}" "$peer_skip" "$DUP_SHARE" "$COPY_SHARE" <<'PY'
 import sys
-p, f, h = map(float, sys.argv[1:])
-print(f"ratio idemgate / nginx-proxy: first deliveries {f/p:.2f} (target >= 0.5), half duplicates {h/p:.2f} (target >= 0.6)")
+p, pc, f, h, c, pf, ph, pcp = map(float, sys.argv[1:9])
+skip, dup, copies = sys.argv[9:]
+print(f"ratio idemgate / nginx-proxy: first deliveries {f/p:.2f} (target >= 0.5), {dup} duplicates {h/p:.2f} (target >= 0.6), {copies} duplicates {c/pc:.2f}")
+if skip:
+    print(f"ratio idemgate / peer: skipped ({skip})")
+else:
+    print(f"ratio idemgate / peer: first deliveries {f/pf:.2f}, {dup} duplicates {h/ph:.2f}, {copies} duplicates {c/pcp:.2f}")
 PY
 echo
 echo "fixed rate ${RATE} req/s for ${RATE_SECONDS}s (loadgen, latency from scheduled send time):"
