@@ -75,7 +75,7 @@ pub async fn run(
             let store = MemoryStore::new(lifetimes);
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
-            let queue = Arc::new(crate::queue::memory::MemoryQueue::new(store.clone()));
+            let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));
             let store = Breaker::new(
                 store,
                 config.store.breaker_threshold,
@@ -99,7 +99,7 @@ pub async fn run(
             );
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
-            let queue = Arc::new(crate::queue::redis::RedisQueue::new(store.clone()));
+            let queue = Arc::new(crate::store::RedisQueue::new(store.clone()));
             let store = Breaker::new(
                 store,
                 config.store.breaker_threshold,

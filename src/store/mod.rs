@@ -12,13 +12,11 @@
 //! key is `completed` again once the replay's claim is released or lapses.
 
 pub mod breaker;
-pub mod connection;
 pub mod lease;
 pub mod log;
 pub mod memory;
+pub mod queue;
 pub mod redis;
-pub mod sentinel;
-pub mod tcp;
 
 use std::future::Future;
 use std::time::Duration;
@@ -27,8 +25,8 @@ use bytes::Bytes;
 
 use crate::providers::Fingerprint;
 pub use breaker::Breaker;
-pub use memory::MemoryStore;
-pub use redis::RedisStore;
+pub use memory::{MemoryQueue, MemoryStore};
+pub use redis::{RedisQueue, RedisStore};
 
 /// Names one delivery in the store: its route and its idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use idemgate::queue::QueueBackend;
-use idemgate::queue::redis::RedisQueue;
+use idemgate::store::RedisQueue;
 use idemgate::store::{Lifetimes, RedisStore};
 
 const SEC: Duration = Duration::from_secs(1);

@@ -10,9 +10,9 @@ use crate::common::monitor::Monitor;
 use crate::common::{REPLAY, RedisServer};
 use bytes::Bytes;
 use idemgate::providers::fingerprint_body;
-use idemgate::queue::memory::MemoryQueue;
-use idemgate::queue::redis::RedisQueue;
 use idemgate::queue::{Lock, QueueBackend, QueueEntry};
+use idemgate::store::MemoryQueue;
+use idemgate::store::RedisQueue;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, unix_millis};
 
 const ROUTE: &str = "wh";

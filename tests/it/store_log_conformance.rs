@@ -10,8 +10,8 @@ use crate::common::{LOGGED, REPLAY, RedisServer};
 use bytes::Bytes;
 use idemgate::providers::{Fingerprint, fingerprint_body};
 use idemgate::queue::QueueBackend;
-use idemgate::queue::memory::MemoryQueue;
-use idemgate::queue::redis::RedisQueue;
+use idemgate::store::MemoryQueue;
+use idemgate::store::RedisQueue;
 use idemgate::store::log::{
     ClaimLog, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled,
 };

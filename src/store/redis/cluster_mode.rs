@@ -9,9 +9,9 @@
 
 use std::sync::atomic::Ordering;
 
+use super::connection::Connection;
 use super::{RedisStore, bytes_of};
 use crate::store::StoreError;
-use crate::store::connection::Connection;
 
 impl RedisStore {
     /// Whether the store treats its one server as a cluster (see the module docs).

@@ -19,7 +19,7 @@
 
 use redis::Value;
 
-use super::super::connection::Connection;
+use super::connection::Connection;
 use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, status_of};
 use crate::store::log::{
     ClaimLog, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
@@ -282,7 +282,7 @@ impl RedisStore {
 
     pub(super) async fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {
         let (state, lock) = self.keys(key);
-        let script = ScriptDef::new(include_str!("../forget.lua"));
+        let script = ScriptDef::new(include_str!("scripts/forget.lua"));
         let call = Call::new(&script, &[&state, &lock]);
         let (reply, _) = self.eval(&call, false).await?;
         let forgot = match bytes_of(&reply) {

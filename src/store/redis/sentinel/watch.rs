@@ -67,7 +67,7 @@ impl Watch {
         }
         Ok(ConnectionAddr::Tcp(host.to_string(), port)
             .into_connection_info()?
-            .set_tcp_settings(crate::store::tcp::tcp_settings())
+            .set_tcp_settings(crate::store::redis::tcp::tcp_settings())
             .set_redis_settings(redis))
     }
 }
@@ -243,7 +243,7 @@ pub(super) async fn connect_master(
 ) -> redis::RedisResult<MultiplexedConnection> {
     let info = ConnectionAddr::Tcp(host.to_string(), port)
         .into_connection_info()?
-        .set_tcp_settings(crate::store::tcp::tcp_settings())
+        .set_tcp_settings(crate::store::redis::tcp::tcp_settings())
         .set_redis_settings(inner.watch.redis.clone());
     let mut conn = redis::Client::open(info)?
         .get_multiplexed_async_connection_with_config(&inner.config)

@@ -23,10 +23,15 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
-use super::connection::Connection;
+use connection::Connection;
 
 /// A `redis://` server in cluster mode.
 mod cluster_mode;
+pub mod connection;
+mod queue;
+pub mod sentinel;
+mod tcp;
+pub use queue::RedisQueue;
 /// The delivery log: extra arguments to the same scripts, and the reads.
 mod log;
 use super::log::{ClaimLog, Settled};
@@ -183,10 +188,10 @@ impl RedisStore {
             acks: None,
             cluster_mode: Default::default(),
             scripts: std::sync::Arc::new(Scripts {
-                claim: ScriptDef::new(include_str!("claim.lua")),
-                complete: ScriptDef::new(include_str!("complete.lua")),
-                release: ScriptDef::new(include_str!("release.lua")),
-                renew: ScriptDef::new(include_str!("renew.lua")),
+                claim: ScriptDef::new(include_str!("scripts/claim.lua")),
+                complete: ScriptDef::new(include_str!("scripts/complete.lua")),
+                release: ScriptDef::new(include_str!("scripts/release.lua")),
+                renew: ScriptDef::new(include_str!("scripts/renew.lua")),
             }),
         })
     }

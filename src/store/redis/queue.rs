@@ -16,11 +16,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::Value;
 
-use super::{
+use super::{Call, ScriptDef, bytes_of, int_of, ms};
+use crate::store::queue::{
     DeadLetter, DeadLetterPage, GROUP, Lock, QueueBackend, QueueEntry, QueueStats, Read,
     StoreFuture,
 };
-use crate::store::redis::{Call, ScriptDef, bytes_of, int_of, ms};
 use crate::store::{
     DeliveryKey, RedisStore, Store, StoreError, StoredResponse, Token, unix_millis,
 };
@@ -52,14 +52,14 @@ impl RedisQueue {
         RedisQueue {
             store,
             scripts: Arc::new(Scripts {
-                add: ScriptDef::new(include_str!("../store/queue_add.lua")),
-                mark: ScriptDef::new(include_str!("../store/queue_mark.lua")),
-                lock: ScriptDef::new(include_str!("../store/deliver_lock.lua")),
-                unlock: ScriptDef::new(include_str!("../store/deliver_unlock.lua")),
-                done: ScriptDef::new(include_str!("../store/queue_done.lua")),
-                dead: ScriptDef::new(include_str!("../store/queue_dead.lua")),
-                redrive: ScriptDef::new(include_str!("../store/queue_redrive.lua")),
-                keep: ScriptDef::new(include_str!("../store/queue_keep.lua")),
+                add: ScriptDef::new(include_str!("scripts/queue_add.lua")),
+                mark: ScriptDef::new(include_str!("scripts/queue_mark.lua")),
+                lock: ScriptDef::new(include_str!("scripts/deliver_lock.lua")),
+                unlock: ScriptDef::new(include_str!("scripts/deliver_unlock.lua")),
+                done: ScriptDef::new(include_str!("scripts/queue_done.lua")),
+                dead: ScriptDef::new(include_str!("scripts/queue_dead.lua")),
+                redrive: ScriptDef::new(include_str!("scripts/queue_redrive.lua")),
+                keep: ScriptDef::new(include_str!("scripts/queue_keep.lua")),
             }),
             cursors: Arc::default(),
         }

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{
+use super::DeliveryLock;
+use crate::store::queue::{
     DeadLetter, DeadLetterPage, Lock, QueueBackend, QueueEntry, QueueStats, Read, StoreFuture,
 };
-use crate::store::memory::DeliveryLock;
 use crate::store::{
     DeliveryKey, MemoryStore, Store, StoreError, StoredResponse, Token, unix_millis,
 };

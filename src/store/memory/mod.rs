@@ -13,6 +13,8 @@ use crate::providers::Fingerprint;
 
 /// The delivery log (the operator's view of each delivery) in memory.
 mod log;
+mod queue;
+pub use queue::MemoryQueue;
 
 struct Entry {
     status: Status,
@@ -339,7 +341,7 @@ pub(crate) enum DeliveryLock {
 }
 
 /// The async queue's transitions of a key, with the same semantics as the Redis scripts
-/// in `crate::queue::redis`.
+/// in `store/redis/queue.rs`.
 impl MemoryStore {
     /// Turns the owner's claim into `queued` (the delivery is in the queue) and frees
     /// the claim for the worker; the entry lives the longer of retention and `keep_for`.
