@@ -417,7 +417,7 @@ mod tests {
     #[test]
     fn the_future_each_delivery_moves_stays_small() {
         type Redis = crate::store::breaker::Breaker<crate::store::redis::RedisStore>;
-        type Memory = crate::store::memory::MemoryStore;
+        type Memory = crate::store::MemoryStore;
         let redis = future_size(crate::gate::Gate::<Redis>::handle::<hyper::body::Incoming>);
         let memory = future_size(crate::gate::Gate::<Memory>::handle::<hyper::body::Incoming>);
         assert!(redis <= 1024, "Gate::handle's future is {redis} bytes");

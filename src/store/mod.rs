@@ -12,11 +12,11 @@
 //! key is `completed` again once the replay's claim is released or lapses.
 
 pub mod breaker;
-pub mod lease;
+pub(crate) mod lease;
 pub mod log;
-pub mod memory;
+mod memory;
 pub mod queue;
-pub mod redis;
+pub(crate) mod redis;
 
 use std::future::Future;
 use std::time::Duration;
