@@ -97,7 +97,7 @@ pub fn fingerprint_body(body: &[u8]) -> Fingerprint {
 
 /// What a preset's payload fingerprint covers. The body by default; presets whose
 /// retries may legitimately change bytes of a signed body fingerprint the fields that
-/// identify the event instead (SPEC: a retry must never be answered 422).
+/// identify the event instead (a provider's retry must never be answered 422).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FingerprintRule {
     Body,

@@ -5,7 +5,7 @@
 //! for rotation; an unknown serial is a 401.
 //!
 //! The window: WeChat's SDKs accept |now - timestamp| < 300 s (strict). idemgate keeps
-//! one rule for every preset (SPEC: exactly `tolerance` away is still accepted), so with
+//! one window rule for every preset (exactly `tolerance` away is still accepted), so with
 //! the default 5m a delivery exactly 300 s old passes here and not in WeChat's SDKs; a
 //! route that wants WeChat's rule to the second sets `tolerance = "4m59s"`.
 //!
