@@ -106,6 +106,10 @@ pub enum FingerprintRule {
     AlipayFields,
     /// WeChat Pay: these JSON fields (the encrypted resource may be re-encrypted).
     JsonFields(&'static [&'static str]),
+    /// The JSON body without these members (of the top-level object, or of each object
+    /// of a top-level array): fields a provider's retry rewrites inside a signed body
+    /// (HubSpot's `attemptNumber`, Intercom's `delivery_attempts`).
+    JsonWithout(&'static [&'static str]),
 }
 
 impl FingerprintRule {
@@ -126,6 +130,23 @@ impl FingerprintRule {
                     h.update(b"\n");
                 }
                 h.finalize().into()
+            }
+            FingerprintRule::JsonWithout(names) => {
+                let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(body) else {
+                    return fingerprint_body(body);
+                };
+                let strip = |v: &mut serde_json::Value| {
+                    if let Some(o) = v.as_object_mut() {
+                        for n in names {
+                            o.remove(*n);
+                        }
+                    }
+                };
+                match &mut doc {
+                    serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+                    other => strip(other),
+                }
+                fingerprint_body(doc.to_string().as_bytes())
             }
         }
     }
@@ -243,11 +264,12 @@ impl Route {
 }
 
 impl Route {
-    /// The body's SHA-256, or, with a content scope, SHA-256 over each scope header's
-    /// `name:value\n`, a blank line, then the body.
+    /// The payload fingerprint (the body's SHA-256 for most presets, so a provider's
+    /// retry that rewrites delivery fields is the same content), or, with a content
+    /// scope, SHA-256 over each scope header's `name:value\n`, a blank line, then the body.
     fn content_hash(&self, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
         if self.content_scope.is_empty() {
-            return fingerprint_body(body);
+            return self.fingerprint.fingerprint(body);
         }
         let mut h = Sha256::new();
         for name in self.content_scope {
@@ -304,7 +326,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
     // it, since a window they cannot check would only pretend to protect.
     let signs_timestamp = presets::signs_timestamp(cfg);
     let tolerance = match (signs_timestamp, cfg.tolerance) {
-        (true, t) => Some(t.unwrap_or(presets::DEFAULT_TOLERANCE)),
+        (true, t) => Some(t.unwrap_or(presets::default_tolerance(&cfg.provider))),
         (false, None) => None,
         (false, Some(_)) => {
             let why = if cfg.provider == "custom" {
@@ -336,9 +358,10 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
     };
     let key = KeySource::parse(key_text).map_err(|m| FieldError::new("key", m))?;
     let custom_ts = c.timestamp_header.as_deref().map(str::to_ascii_lowercase);
-    let unsigned_header = key.headers().into_iter().any(|h| {
-        !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())
-    });
+    let unsigned_header = preset.claim_content
+        || key.headers().into_iter().any(|h| {
+            !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())
+        });
     let guarded = guard::Guarded::new(
         preset
             .verifier

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use super::common::HashAlg;
+use super::hmac_scheme::{Encoding, HmacRow, HmacScheme};
 use super::{
     FieldError, FingerprintRule, SuccessRule, Verifier, alipay, hmac_scheme, standard, stripe,
     twilio, wechatpay,
@@ -21,6 +23,11 @@ pub const PROVIDERS: &[&str] = &[
     "wechatpay",
     "twilio",
     "custom",
+    "razorpay",
+    "bitbucket",
+    "intercom",
+    "square",
+    "linear",
 ];
 
 /// What a preset expands to, before the route's overrides.
@@ -36,7 +43,71 @@ pub(super) struct Preset {
     pub(super) content_scope: &'static [&'static str],
     /// Which answers complete a delivery.
     pub(super) success: SuccessRule,
+    /// Claim the content even though the key is signed (a batch body, whose first id
+    /// does not name the whole batch).
+    pub(super) claim_content: bool,
 }
+
+/// Razorpay: `X-Razorpay-Signature: <hex HMAC-SHA256(webhook secret, body)>`.
+const RAZORPAY: HmacRow = HmacRow {
+    header: "x-razorpay-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Hex,
+    prefix: None,
+    signs_url: false,
+    body_clock: None,
+};
+
+/// Bitbucket Cloud: `X-Hub-Signature: sha256=<hex HMAC-SHA256(secret, body)>`.
+const BITBUCKET: HmacRow = HmacRow {
+    header: "x-hub-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Hex,
+    prefix: Some("sha256="),
+    signs_url: false,
+    body_clock: None,
+};
+
+/// Intercom: `X-Hub-Signature: sha1=<hex HMAC-SHA1(client secret, body)>`.
+const INTERCOM: HmacRow = HmacRow {
+    header: "x-hub-signature",
+    alg: HashAlg::Sha1,
+    encoding: Encoding::Hex,
+    prefix: Some("sha1="),
+    signs_url: false,
+    body_clock: None,
+};
+
+/// Square: `X-Square-HmacSha256-Signature: <base64 HMAC-SHA256(signature key,
+/// notification URL + body)>`.
+const SQUARE: HmacRow = HmacRow {
+    header: "x-square-hmacsha256-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Base64,
+    prefix: None,
+    signs_url: true,
+    body_clock: None,
+};
+
+/// Linear: `Linear-Signature: <hex HMAC-SHA256(secret, body)>`; the window is checked
+/// on the body's signed `webhookTimestamp` (milliseconds), never on the unsigned
+/// `Linear-Timestamp` header.
+const LINEAR: HmacRow = HmacRow {
+    header: "linear-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Hex,
+    prefix: None,
+    signs_url: false,
+    body_clock: Some("/webhookTimestamp"),
+};
+
+/// Intercom rewrites these members of a notification when it re-sends it.
+const INTERCOM_RETRY_FIELDS: &[&str] = &[
+    "delivery_attempts",
+    "delivery_status",
+    "delivered_at",
+    "first_sent_at",
+];
 
 /// The provider-specific fields (`CustomFields`) each preset reads; any other one set
 /// on a route is an error naming it.
@@ -50,17 +121,26 @@ pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
             "timestamp_header",
             "signed",
         ],
-        "twilio" => &["public_url"],
+        "twilio" | "square" => &["public_url"],
         _ => &[],
     }
 }
 
 pub(super) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
+/// A preset's window when the route sets no `tolerance`: the official library's where
+/// it has one (Linear's SDK: 60 s).
+pub(super) fn default_tolerance(provider: &str) -> Duration {
+    match provider {
+        "linear" => Duration::from_secs(60),
+        _ => DEFAULT_TOLERANCE,
+    }
+}
+
 pub(super) fn signs_timestamp(cfg: &RouteConfig) -> bool {
     let c = &cfg.custom;
     match cfg.provider.as_str() {
-        "standard" | "stripe" | "slack" | "wechatpay" => true,
+        "standard" | "stripe" | "slack" | "wechatpay" | "linear" => true,
         "custom" => c.timestamp_header.is_some(),
         _ => false,
     }
@@ -84,6 +164,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "github" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
@@ -93,6 +174,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "stripe" => Preset {
             verifier: Box::new(stripe::Stripe::new(s, tol)?),
@@ -102,6 +184,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "shopify" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
@@ -113,6 +196,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "slack" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
@@ -122,6 +206,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "alipay" => Preset {
             verifier: Box::new(alipay::Alipay::new(s)?),
@@ -131,6 +216,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::AlipayFields,
             content_scope: &[],
             success: SuccessRule::AlipaySuccessBody,
+            claim_content: false,
         },
         "wechatpay" => Preset {
             verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
@@ -140,6 +226,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "twilio" => Preset {
             verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
@@ -149,6 +236,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
         },
         "custom" => {
             let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
@@ -161,8 +249,64 @@ pub(super) fn preset(
                 fingerprint: FingerprintRule::Body,
                 content_scope: &[],
                 success: SuccessRule::Any2xx,
+                claim_content: false,
             }
         }
+        "razorpay" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&RAZORPAY, s, None, tol)?),
+            default_key: Some("header:x-razorpay-event-id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+        },
+        "bitbucket" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&BITBUCKET, s, None, tol)?),
+            default_key: Some("header:X-Request-UUID"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &["x-event-key"],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+        },
+        "intercom" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&INTERCOM, s, None, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonWithout(INTERCOM_RETRY_FIELDS),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+        },
+        "square" => Preset {
+            verifier: Box::new(HmacScheme::from_row(
+                &SQUARE,
+                s,
+                c.public_url.as_deref(),
+                tol,
+            )?),
+            default_key: Some("json:/event_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+        },
+        "linear" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&LINEAR, s, None, tol)?),
+            default_key: Some("header:Linear-Delivery"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonWithout(&["webhookTimestamp"]),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+        },
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })
 }
