@@ -5,14 +5,20 @@
 //! signed). `build_route` expands the preset once, at start, into a `Route` whose
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
+mod adyen;
 mod alipay;
 mod common;
+mod gitlab;
 mod guard;
 mod hmac_scheme;
+mod hubspot;
 mod keys;
+mod mailgun;
+mod paddle;
 mod presets;
 mod routes;
 mod rsa_key;
+mod sendgrid;
 mod standard;
 mod stripe;
 mod target;
@@ -184,6 +190,9 @@ pub enum ClaimKey {
     /// sign, so a captured request replayed under a fresh key must still be caught.
     /// The delivery key is still required, logged and sent upstream.
     Content,
+    /// A signed one-time value read by `Route::claim_source` (Mailgun's token): its
+    /// reuse is caught even though the delivery key is unsigned.
+    Source,
 }
 
 /// What the pure half found out about an authentic delivery.
@@ -205,6 +214,8 @@ pub struct Route {
     pub key: KeySource,
     pub fingerprint: FingerprintRule,
     pub claim_key: ClaimKey,
+    /// Where a `ClaimKey::Source` claim is read.
+    claim_source: Option<KeySource>,
     pub success: SuccessRule,
     /// Whether the delivery log keeps this route's requests for an operator's replay.
     pub keep_payload: bool,
@@ -251,6 +262,14 @@ impl Route {
                 delivery_key,
                 fingerprint: self.fingerprint.fingerprint(body),
             },
+            ClaimKey::Source => {
+                let src = self.claim_source.as_ref().unwrap_or(&self.key);
+                Identity {
+                    claim_key: format!("once:{}", src.extract(headers, body)?),
+                    delivery_key,
+                    fingerprint: self.fingerprint.fingerprint(body),
+                }
+            }
             ClaimKey::Content => {
                 let fingerprint = self.content_hash(headers, body);
                 Identity {
@@ -357,6 +376,9 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         }
     };
     let key = KeySource::parse(key_text).map_err(|m| FieldError::new("key", m))?;
+    let claim_source = preset
+        .claim_source
+        .map(|t| KeySource::parse(t).expect("a preset's claim source parses"));
     let custom_ts = c.timestamp_header.as_deref().map(str::to_ascii_lowercase);
     let unsigned_header = preset.claim_content
         || key.headers().into_iter().any(|h| {
@@ -378,11 +400,14 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         verifier: preset.verifier,
         key,
         fingerprint: preset.fingerprint,
-        claim_key: if unsigned_header {
+        claim_key: if claim_source.is_some() {
+            ClaimKey::Source
+        } else if unsigned_header {
             ClaimKey::Content
         } else {
             ClaimKey::Delivery
         },
+        claim_source,
         content_scope: preset.content_scope,
         success: preset.success,
         tolerance: preset.tolerance,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::common::HashAlg;
 use super::hmac_scheme::{Encoding, HmacRow, HmacScheme};
 use super::{
-    FieldError, FingerprintRule, SuccessRule, Verifier, alipay, hmac_scheme, standard, stripe,
-    twilio, wechatpay,
+    FieldError, FingerprintRule, SuccessRule, Verifier, adyen, alipay, gitlab, hmac_scheme,
+    hubspot, mailgun, paddle, sendgrid, standard, stripe, twilio, wechatpay,
 };
 use crate::config::RouteConfig;
 
@@ -28,6 +28,12 @@ pub const PROVIDERS: &[&str] = &[
     "intercom",
     "square",
     "linear",
+    "gitlab",
+    "paddle",
+    "hubspot",
+    "mailgun",
+    "sendgrid",
+    "adyen",
 ];
 
 /// What a preset expands to, before the route's overrides.
@@ -46,6 +52,9 @@ pub(super) struct Preset {
     /// Claim the content even though the key is signed (a batch body, whose first id
     /// does not name the whole batch).
     pub(super) claim_content: bool,
+    /// Claim this signed value instead of the key, when the key is unsigned but a
+    /// signed one-time value is not (Mailgun's token).
+    pub(super) claim_source: Option<&'static str>,
 }
 
 /// Razorpay: `X-Razorpay-Signature: <hex HMAC-SHA256(webhook secret, body)>`.
@@ -101,6 +110,12 @@ const LINEAR: HmacRow = HmacRow {
     body_clock: Some("/webhookTimestamp"),
 };
 
+/// The signed fields that name an Adyen notification item (of the first item: Adyen
+/// sends one per request unless batching was asked for).
+const ADYEN_KEY: &str = "json:/notificationItems/0/NotificationRequestItem/pspReference\
++json:/notificationItems/0/NotificationRequestItem/eventCode\
++json:/notificationItems/0/NotificationRequestItem/success";
+
 /// Intercom rewrites these members of a notification when it re-sends it.
 const INTERCOM_RETRY_FIELDS: &[&str] = &[
     "delivery_attempts",
@@ -121,7 +136,7 @@ pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
             "timestamp_header",
             "signed",
         ],
-        "twilio" | "square" => &["public_url"],
+        "twilio" | "square" | "hubspot" => &["public_url"],
         _ => &[],
     }
 }
@@ -133,6 +148,10 @@ pub(super) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 pub(super) fn default_tolerance(provider: &str) -> Duration {
     match provider {
         "linear" => Duration::from_secs(60),
+        "paddle" => Duration::from_secs(5),
+        "mailgun" => Duration::from_secs(900),
+        // SendGrid retries a batch for 24 hours; its library checks no window.
+        "sendgrid" => Duration::from_secs(86_400),
         _ => DEFAULT_TOLERANCE,
     }
 }
@@ -140,7 +159,9 @@ pub(super) fn default_tolerance(provider: &str) -> Duration {
 pub(super) fn signs_timestamp(cfg: &RouteConfig) -> bool {
     let c = &cfg.custom;
     match cfg.provider.as_str() {
-        "standard" | "stripe" | "slack" | "wechatpay" | "linear" => true,
+        "standard" | "stripe" | "slack" | "wechatpay" | "linear" | "paddle" | "hubspot"
+        | "mailgun" | "sendgrid" => true,
+        "gitlab" => cfg.secrets.iter().any(|s| s.value.starts_with(b"whsec_")),
         "custom" => c.timestamp_header.is_some(),
         _ => false,
     }
@@ -165,6 +186,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "github" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
@@ -175,6 +197,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "stripe" => Preset {
             verifier: Box::new(stripe::Stripe::new(s, tol)?),
@@ -185,6 +208,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "shopify" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
@@ -197,6 +221,7 @@ pub(super) fn preset(
             content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "slack" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
@@ -207,6 +232,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "alipay" => Preset {
             verifier: Box::new(alipay::Alipay::new(s)?),
@@ -217,6 +243,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::AlipaySuccessBody,
             claim_content: false,
+            claim_source: None,
         },
         "wechatpay" => Preset {
             verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
@@ -227,6 +254,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "twilio" => Preset {
             verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
@@ -237,6 +265,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "custom" => {
             let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
@@ -250,6 +279,7 @@ pub(super) fn preset(
                 content_scope: &[],
                 success: SuccessRule::Any2xx,
                 claim_content: false,
+                claim_source: None,
             }
         }
         "razorpay" => Preset {
@@ -261,6 +291,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "bitbucket" => Preset {
             verifier: Box::new(HmacScheme::from_row(&BITBUCKET, s, None, tol)?),
@@ -271,6 +302,7 @@ pub(super) fn preset(
             content_scope: &["x-event-key"],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "intercom" => Preset {
             verifier: Box::new(HmacScheme::from_row(&INTERCOM, s, None, tol)?),
@@ -281,6 +313,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "square" => Preset {
             verifier: Box::new(HmacScheme::from_row(
@@ -296,6 +329,7 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
         },
         "linear" => Preset {
             verifier: Box::new(HmacScheme::from_row(&LINEAR, s, None, tol)?),
@@ -306,6 +340,85 @@ pub(super) fn preset(
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
+            claim_source: None,
+        },
+        "gitlab" => {
+            let (signing, tokens): (Vec<_>, Vec<_>) = s
+                .iter()
+                .cloned()
+                .partition(|s| s.value.starts_with(b"whsec_"));
+            let signed: Option<Box<dyn Verifier>> = if signing.is_empty() {
+                None
+            } else {
+                Some(Box::new(standard::StandardWebhooks::new(&signing, tol)?))
+            };
+            let tokens = tokens.into_iter().map(|s| s.value).collect();
+            Preset {
+                verifier: Box::new(gitlab::Gitlab::new(tokens, signed)),
+                default_key: Some("header:Idempotency-Key"),
+                tolerance,
+                signed_headers: &[],
+                fingerprint: FingerprintRule::Body,
+                content_scope: &[],
+                success: SuccessRule::Any2xx,
+                claim_content: false,
+                claim_source: None,
+            }
+        }
+        "paddle" => Preset {
+            verifier: Box::new(paddle::Paddle::new(s, tol)),
+            default_key: Some("json:/event_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "hubspot" => Preset {
+            verifier: Box::new(hubspot::Hubspot::new(s, c.public_url.as_deref(), tol)?),
+            default_key: Some("json:/0/eventId"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonWithout(&["attemptNumber"]),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: true,
+            claim_source: None,
+        },
+        "mailgun" => Preset {
+            verifier: Box::new(mailgun::Mailgun::new(s, tol)),
+            default_key: Some("json:/event-data/id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: Some("json:/signature/token"),
+        },
+        "sendgrid" => Preset {
+            verifier: Box::new(sendgrid::Sendgrid::new(s, tol)?),
+            default_key: Some("json:/0/sg_event_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: true,
+            claim_source: None,
+        },
+        "adyen" => Preset {
+            verifier: Box::new(adyen::Adyen::new(s)?),
+            default_key: Some(ADYEN_KEY),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonFields(&["/notificationItems"]),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })

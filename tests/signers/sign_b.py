@@ -147,9 +147,17 @@ def adyen(req):
     return {"body_b64": b64(json.dumps(doc).encode())}
 
 
+def gitlab_standard(req):
+    # GitLab's signing token follows Standard Webhooks: v1,<base64 HMAC-SHA256(
+    # base64-decoded whsec_ secret, "{id}.{timestamp}.{body}")>.
+    key = base64.b64decode(req["secret"][len("whsec_"):])
+    signed = ("%s.%d." % (req["id"], req["ts"])).encode() + body_of(req)
+    return {"signature": "v1," + b64(hmac.new(key, signed, hashlib.sha256).digest())}
+
+
 OPS = {f.__name__: f for f in [
     razorpay, bitbucket, intercom, square, linear, paddle, hubspot, mailgun, ec_keygen,
-    sendgrid, adyen,
+    sendgrid, adyen, gitlab_standard,
 ]}
 
 if __name__ == "__main__":
