@@ -78,7 +78,10 @@ impl PublicUrl {
         let url = url.ok_or_else(|| {
             FieldError::new(
                 "public_url",
-                format!("is required for `{provider}` routes: the full URL the provider posts to, which it signs"),
+                format!(
+                    "is required for `{provider}` routes: the full URL the provider posts to, \
+                     which it signs"
+                ),
             )
         })?;
         let uri: http::Uri = url

@@ -10,7 +10,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use http::{HeaderMap, HeaderName};
 use subtle::ConstantTimeEq;
 
-use super::common::{HashAlg, check_timestamp, header_str};
+use super::common::{HashAlg, PublicUrl, check_timestamp, header_str};
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::{CustomFields, Secret};
 
@@ -91,6 +91,8 @@ fn parse_template(t: &str, has_timestamp: bool) -> Result<Vec<Part>, String> {
 /// A fixed single-header HMAC scheme written as data, so a provider whose signature is
 /// one HMAC in one header is one row in the preset table.
 pub struct HmacRow {
+    /// The preset's name, for configuration errors.
+    pub name: &'static str,
     pub header: &'static str,
     pub alg: HashAlg,
     pub encoding: Encoding,
@@ -135,22 +137,8 @@ impl HmacScheme {
     ) -> Result<Self, FieldError> {
         let mut template = Vec::new();
         if row.signs_url {
-            let url = public_url.ok_or_else(|| {
-                FieldError::new(
-                    "public_url",
-                    "is required: the provider signs the URL it posts to, exactly as configured there",
-                )
-            })?;
-            let uri: http::Uri = url
-                .parse()
-                .map_err(|_| FieldError::new("public_url", format!("`{url}` is not a URL")))?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-                return Err(FieldError::new(
-                    "public_url",
-                    "must be an absolute http:// or https:// URL, as configured at the provider",
-                ));
-            }
-            template.push(Part::Literal(url.as_bytes().to_vec()));
+            let url = PublicUrl::parse(public_url, row.name)?;
+            template.push(Part::Literal(url.for_request(None).into_bytes()));
         }
         template.push(Part::Body);
         Ok(HmacScheme {

@@ -59,6 +59,7 @@ pub(super) struct Preset {
 
 /// Razorpay: `X-Razorpay-Signature: <hex HMAC-SHA256(webhook secret, body)>`.
 const RAZORPAY: HmacRow = HmacRow {
+    name: "razorpay",
     header: "x-razorpay-signature",
     alg: HashAlg::Sha256,
     encoding: Encoding::Hex,
@@ -69,6 +70,7 @@ const RAZORPAY: HmacRow = HmacRow {
 
 /// Bitbucket Cloud: `X-Hub-Signature: sha256=<hex HMAC-SHA256(secret, body)>`.
 const BITBUCKET: HmacRow = HmacRow {
+    name: "bitbucket",
     header: "x-hub-signature",
     alg: HashAlg::Sha256,
     encoding: Encoding::Hex,
@@ -79,6 +81,7 @@ const BITBUCKET: HmacRow = HmacRow {
 
 /// Intercom: `X-Hub-Signature: sha1=<hex HMAC-SHA1(client secret, body)>`.
 const INTERCOM: HmacRow = HmacRow {
+    name: "intercom",
     header: "x-hub-signature",
     alg: HashAlg::Sha1,
     encoding: Encoding::Hex,
@@ -90,6 +93,7 @@ const INTERCOM: HmacRow = HmacRow {
 /// Square: `X-Square-HmacSha256-Signature: <base64 HMAC-SHA256(signature key,
 /// notification URL + body)>`.
 const SQUARE: HmacRow = HmacRow {
+    name: "square",
     header: "x-square-hmacsha256-signature",
     alg: HashAlg::Sha256,
     encoding: Encoding::Base64,
@@ -102,6 +106,7 @@ const SQUARE: HmacRow = HmacRow {
 /// on the body's signed `webhookTimestamp` (milliseconds), never on the unsigned
 /// `Linear-Timestamp` header.
 const LINEAR: HmacRow = HmacRow {
+    name: "linear",
     header: "linear-signature",
     alg: HashAlg::Sha256,
     encoding: Encoding::Hex,
@@ -347,6 +352,13 @@ pub(super) fn preset(
                 .iter()
                 .cloned()
                 .partition(|s| s.value.starts_with(b"whsec_"));
+            // each signing token alone first, so an error names its own index
+            for (j, one) in s.iter().enumerate() {
+                if one.value.starts_with(b"whsec_") {
+                    standard::StandardWebhooks::new(std::slice::from_ref(one), tol)
+                        .map_err(|e| FieldError::new(format!("secrets[{j}]"), e.message))?;
+                }
+            }
             let signed: Option<Box<dyn Verifier>> = if signing.is_empty() {
                 None
             } else {
@@ -422,4 +434,112 @@ pub(super) fn preset(
         },
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{ClaimKey, build_route, routes};
+
+    fn built(lines: &str) -> Result<super::super::Route, String> {
+        let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{lines}\n");
+        let (c, _) = routes::from_toml_with_env(&text, |_| None).map_err(|e| e.field)?;
+        build_route(&c.routes[0], &c).map_err(|e| e.field)
+    }
+
+    #[test]
+    fn url_signing_presets_require_public_url() {
+        for p in ["square", "hubspot"] {
+            let e = built(&format!("provider = \"{p}\"\nsecrets = [\"s\"]")).err();
+            assert_eq!(e.as_deref(), Some("route[0].public_url"), "{p}");
+            let e = built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"s\"]\npublic_url = \"/relative\""
+            ))
+            .err();
+            assert_eq!(e.as_deref(), Some("route[0].public_url"), "{p}");
+            built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"s\"]\npublic_url = \"https://x/y\""
+            ))
+            .unwrap();
+        }
+        let e = built("provider = \"razorpay\"\nsecrets = [\"s\"]\npublic_url = \"https://x/\"");
+        assert_eq!(e.err().as_deref(), Some("route[0].public_url"));
+    }
+
+    #[test]
+    fn windows_only_where_signed_with_the_libraries_defaults() {
+        for p in [
+            "razorpay",
+            "bitbucket",
+            "intercom",
+            "square",
+            "adyen",
+            "gitlab",
+        ] {
+            let extra = if p == "square" {
+                "\npublic_url = \"https://x/y\""
+            } else {
+                ""
+            };
+            let e = built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"00aa\"]\ntolerance = \"1m\"{extra}"
+            ));
+            assert_eq!(e.err().as_deref(), Some("route[0].tolerance"), "{p}");
+        }
+        for (p, secs) in [
+            ("linear", 60),
+            ("paddle", 5),
+            ("mailgun", 900),
+            ("sendgrid", 86_400),
+        ] {
+            let secret = if p == "sendgrid" {
+                "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEbjkG//TtOnU6ERf0XFaIGuuEwW66pdr8hm+DlVPKV8cDNjALJQ8swYrD18qnoOs6GV8s7PunRFYlxijCcXbwZg=="
+            } else {
+                "s"
+            };
+            let r = built(&format!("provider = \"{p}\"\nsecrets = [\"{secret}\"]")).unwrap();
+            assert_eq!(r.tolerance(), Some(Duration::from_secs(secs)), "{p}");
+        }
+        // GitLab signs a timestamp only with a signing token
+        let r = built("provider = \"gitlab\"\nsecrets = [\"tok\", \"whsec_dGVzdA==\"]").unwrap();
+        assert_eq!(r.tolerance(), Some(Duration::from_secs(300)));
+        let e = built("provider = \"gitlab\"\nsecrets = [\"tok\", \"whsec_!!\"]").err();
+        assert_eq!(e.as_deref(), Some("route[0].secrets[1]"));
+    }
+
+    #[test]
+    fn claims_follow_what_each_provider_signs() {
+        let claim = |lines: &str| built(lines).unwrap().claim_key;
+        for p in ["razorpay", "bitbucket", "linear", "gitlab"] {
+            assert_eq!(
+                claim(&format!("provider = \"{p}\"\nsecrets = [\"s\"]")),
+                ClaimKey::Content,
+                "{p}"
+            );
+        }
+        for p in ["intercom", "paddle"] {
+            assert_eq!(
+                claim(&format!("provider = \"{p}\"\nsecrets = [\"s\"]")),
+                ClaimKey::Delivery,
+                "{p}"
+            );
+        }
+        assert_eq!(
+            claim("provider = \"mailgun\"\nsecrets = [\"s\"]"),
+            ClaimKey::Source
+        );
+        assert_eq!(
+            claim("provider = \"hubspot\"\nsecrets = [\"s\"]\npublic_url = \"https://x/\""),
+            ClaimKey::Content
+        );
+        assert_eq!(
+            claim("provider = \"adyen\"\nsecrets = [\"0A0B\"]"),
+            ClaimKey::Delivery
+        );
+        let e = built("provider = \"adyen\"\nsecrets = [\"not hex\"]").err();
+        assert_eq!(e.as_deref(), Some("route[0].secrets[0]"));
+        let e = built("provider = \"sendgrid\"\nsecrets = [\"bm90IGEga2V5\"]").err();
+        assert_eq!(e.as_deref(), Some("route[0].secrets[0]"));
+    }
 }
