@@ -30,11 +30,13 @@ const SIGNED: [&str; 8] = [
     "/success",
 ];
 
+/// Adyen's verifier: the decoded HMAC keys.
 pub struct Adyen {
     keys: Vec<Vec<u8>>,
 }
 
 impl Adyen {
+    /// Built once per route from its secrets.
     pub fn new(secrets: &[Secret]) -> Result<Self, FieldError> {
         let mut keys = Vec::new();
         for (j, s) in secrets.iter().enumerate() {

@@ -10,6 +10,7 @@ use subtle::ConstantTimeEq;
 use super::common::header_str;
 use super::{SignatureError, Verifier};
 
+/// GitLab's verifier: the token check, and the signature check when configured.
 pub struct Gitlab {
     /// The plain secret tokens (empty when only a signing token is configured).
     tokens: Vec<Vec<u8>>,
@@ -18,6 +19,7 @@ pub struct Gitlab {
 }
 
 impl Gitlab {
+    /// Built once per route from its secrets.
     pub fn new(tokens: Vec<Vec<u8>>, signed: Option<Box<dyn Verifier>>) -> Self {
         Gitlab { tokens, signed }
     }

@@ -93,9 +93,13 @@ fn parse_template(t: &str, has_timestamp: bool) -> Result<Vec<Part>, String> {
 pub struct HmacRow {
     /// The preset's name, for configuration errors.
     pub name: &'static str,
+    /// The header holding the signature (lowercase).
     pub header: &'static str,
+    /// The hash under the HMAC.
     pub alg: HashAlg,
+    /// How the MAC is written in the header.
     pub encoding: Encoding,
+    /// Text before the MAC (`sha256=`), stripped before decoding.
     pub prefix: Option<&'static str>,
     /// The route's `public_url` is signed in front of the body (Square).
     pub signs_url: bool,

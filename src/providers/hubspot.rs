@@ -29,6 +29,7 @@ const DECODED: &[(&str, &str)] = &[
     ("%3B", ";"),
 ];
 
+/// HubSpot's v3 verifier: the client secrets, the signed URL and the window.
 pub struct Hubspot {
     keys: Vec<Vec<u8>>,
     url: PublicUrl,
@@ -36,6 +37,7 @@ pub struct Hubspot {
 }
 
 impl Hubspot {
+    /// Built once per route from its secrets.
     pub fn new(
         secrets: &[Secret],
         public_url: Option<&str>,

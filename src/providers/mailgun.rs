@@ -12,12 +12,14 @@ use super::common::{HashAlg, check_timestamp};
 use super::{SignatureError, Verifier};
 use crate::config::Secret;
 
+/// Mailgun's verifier: the signing keys and the window.
 pub struct Mailgun {
     keys: Vec<Vec<u8>>,
     tolerance: i64,
 }
 
 impl Mailgun {
+    /// Built once per route from its secrets.
     pub fn new(secrets: &[Secret], tolerance: std::time::Duration) -> Self {
         Mailgun {
             keys: secrets.iter().map(|s| s.value.clone()).collect(),

@@ -13,12 +13,14 @@ use crate::config::Secret;
 /// At most this many `h1` entries are examined.
 const MAX_ENTRIES: usize = 16;
 
+/// Paddle's verifier: the secrets and the window.
 pub struct Paddle {
     keys: Vec<Vec<u8>>,
     tolerance: i64,
 }
 
 impl Paddle {
+    /// Built once per route from its secrets.
     pub fn new(secrets: &[Secret], tolerance: std::time::Duration) -> Self {
         Paddle {
             keys: secrets.iter().map(|s| s.value.clone()).collect(),

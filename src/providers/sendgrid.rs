@@ -18,12 +18,14 @@ use crate::config::Secret;
 const SIGNATURE: &str = "x-twilio-email-event-webhook-signature";
 const TIMESTAMP: &str = "x-twilio-email-event-webhook-timestamp";
 
+/// SendGrid's verifier: the verification keys and the window.
 pub struct Sendgrid {
     keys: Vec<VerifyingKey>,
     tolerance: i64,
 }
 
 impl Sendgrid {
+    /// Built once per route from its secrets.
     pub fn new(secrets: &[Secret], tolerance: std::time::Duration) -> Result<Self, FieldError> {
         let mut keys = Vec::new();
         for (j, s) in secrets.iter().enumerate() {
