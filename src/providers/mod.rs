@@ -620,4 +620,24 @@ mod tests {
         assert_ne!(first, claim("e3", "orders/paid", "a.myshopify.com"));
         assert_ne!(first, claim("e4", "orders/create", "b.myshopify.com"));
     }
+
+    #[test]
+    fn json_without_ignores_only_the_named_members() {
+        let f = FingerprintRule::JsonWithout(&["attemptNumber"]);
+        let a =
+            f.fingerprint(br#"[{"eventId":1,"attemptNumber":0},{"eventId":2,"attemptNumber":0}]"#);
+        let b =
+            f.fingerprint(br#"[{"eventId":1,"attemptNumber":3},{"eventId":2,"attemptNumber":1}]"#);
+        let c =
+            f.fingerprint(br#"[{"eventId":1,"attemptNumber":0},{"eventId":3,"attemptNumber":0}]"#);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let o = FingerprintRule::JsonWithout(&["delivery_attempts"]);
+        assert_eq!(
+            o.fingerprint(br#"{"id":"n1","delivery_attempts":1}"#),
+            o.fingerprint(br#"{"id":"n1","delivery_attempts":2}"#)
+        );
+        // not JSON: the body's hash, as the Body rule
+        assert_eq!(o.fingerprint(b"x=1"), fingerprint_body(b"x=1"));
+    }
 }
