@@ -473,9 +473,11 @@ async fn gitlab_signing_token_verifies_standard_webhooks() {
 }
 
 #[tokio::test]
-async fn paddle_signature_with_its_five_second_window() {
+async fn paddle_signature_rotation_and_window() {
     let (s1, s2) = ("pdl_ntfset_one", "pdl_ntfset_two");
-    let st = stack("paddle", "paddle", &[s1, s2], "").await;
+    // The preset's default window is the SDK's 5 s (a unit test pins it); signing in a
+    // Python process can take longer than that on a loaded machine.
+    let st = stack("paddle", "paddle", &[s1, s2], "tolerance = \"1m\"\n").await;
     let ev = unique_id("evt");
     let body = format!(r#"{{"event_id":"{ev}","event_type":"transaction.completed","data":{{}}}}"#)
         .into_bytes();
@@ -493,7 +495,7 @@ async fn paddle_signature_with_its_five_second_window() {
     st.replayed(&a, 1);
     let a = st.post(&sign(&[s1], now, &body), &flipped(&body, 6)).await;
     st.refused(&a, 401, 1);
-    let a = st.post(&sign(&[s1], now - 30, &body), &body).await;
+    let a = st.post(&sign(&[s1], now - 600, &body), &body).await;
     st.refused(&a, 401, 1);
     let a = st.post(&sign(&["pdl_other"], now, &body), &body).await;
     st.refused(&a, 401, 1);
