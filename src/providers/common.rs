@@ -61,3 +61,50 @@ pub fn check_timestamp(text: &str, now: i64, tolerance: i64) -> Result<i64, Sign
         )),
     }
 }
+
+/// A route's `public_url`, for providers that sign the URL they post to: the URL as
+/// configured, with the request's own query when it has one.
+pub struct PublicUrl {
+    /// Up to (not including) the `?`.
+    base: String,
+    /// `public_url`'s own query, if any.
+    query: Option<String>,
+}
+
+impl PublicUrl {
+    /// Checks `public_url` is set and absolute; `provider` names the preset in the error.
+    pub fn parse(url: Option<&str>, provider: &str) -> Result<Self, super::FieldError> {
+        use super::FieldError;
+        let url = url.ok_or_else(|| {
+            FieldError::new(
+                "public_url",
+                format!(
+                    "is required for `{provider}` routes: the full URL the provider posts to, \
+                     which it signs"
+                ),
+            )
+        })?;
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|_| FieldError::new("public_url", format!("`{url}` is not a URL")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+            return Err(FieldError::new(
+                "public_url",
+                "must be an absolute http:// or https:// URL, as configured at the provider",
+            ));
+        }
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b.to_string(), Some(q.to_string())),
+            None => (url.to_string(), None),
+        };
+        Ok(PublicUrl { base, query })
+    }
+
+    /// The URL the provider requested: the request's query, else `public_url`'s own.
+    pub fn for_request(&self, query: Option<&str>) -> String {
+        match query.filter(|q| !q.is_empty()).or(self.query.as_deref()) {
+            Some(q) => format!("{}?{q}", self.base),
+            None => self.base.clone(),
+        }
+    }
+}

@@ -10,7 +10,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use http::{HeaderMap, HeaderName};
 use subtle::ConstantTimeEq;
 
-use super::common::{HashAlg, check_timestamp, header_str};
+use super::common::{HashAlg, PublicUrl, check_timestamp, header_str};
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::{CustomFields, Secret};
 
@@ -88,6 +88,26 @@ fn parse_template(t: &str, has_timestamp: bool) -> Result<Vec<Part>, String> {
     Ok(parts)
 }
 
+/// A fixed single-header HMAC scheme written as data, so a provider whose signature is
+/// one HMAC in one header is one row in the preset table.
+pub struct HmacRow {
+    /// The preset's name, for configuration errors.
+    pub name: &'static str,
+    /// The header holding the signature (lowercase).
+    pub header: &'static str,
+    /// The hash under the HMAC.
+    pub alg: HashAlg,
+    /// How the MAC is written in the header.
+    pub encoding: Encoding,
+    /// Text before the MAC (`sha256=`), stripped before decoding.
+    pub prefix: Option<&'static str>,
+    /// The route's `public_url` is signed in front of the body (Square).
+    pub signs_url: bool,
+    /// A JSON pointer to a signed Unix-milliseconds timestamp inside the body, checked
+    /// against the window once the signature matches (Linear's `webhookTimestamp`).
+    pub body_clock: Option<&'static str>,
+}
+
 /// A single-header HMAC scheme.
 pub struct HmacScheme {
     header: HeaderName,
@@ -98,6 +118,8 @@ pub struct HmacScheme {
     timestamp: Option<(HeaderName, i64)>,
     template: Vec<Part>,
     keys: Vec<Vec<u8>>,
+    /// A row's `body_clock` and the window (seconds).
+    body_clock: Option<(&'static str, i64)>,
 }
 
 /// The secrets as HMAC keys: the configured strings' bytes, used as they are.
@@ -110,6 +132,31 @@ fn secs(d: Duration) -> i64 {
 }
 
 impl HmacScheme {
+    /// A row of the preset table; `public_url` is required when the row signs it.
+    pub fn from_row(
+        row: &HmacRow,
+        secrets: &[Secret],
+        public_url: Option<&str>,
+        tolerance: Duration,
+    ) -> Result<Self, FieldError> {
+        let mut template = Vec::new();
+        if row.signs_url {
+            let url = PublicUrl::parse(public_url, row.name)?;
+            template.push(Part::Literal(url.for_request(None).into_bytes()));
+        }
+        template.push(Part::Body);
+        Ok(HmacScheme {
+            header: HeaderName::from_static(row.header),
+            alg: row.alg,
+            encoding: row.encoding,
+            prefix: row.prefix.map(str::to_string),
+            timestamp: None,
+            template,
+            keys: hmac_keys(secrets),
+            body_clock: row.body_clock.map(|p| (p, secs(tolerance))),
+        })
+    }
+
     /// GitHub: `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, body)>`.
     pub fn github(secrets: &[Secret]) -> Result<Self, FieldError> {
         Ok(HmacScheme {
@@ -120,6 +167,7 @@ impl HmacScheme {
             timestamp: None,
             template: vec![Part::Body],
             keys: hmac_keys(secrets),
+            body_clock: None,
         })
     }
 
@@ -133,6 +181,7 @@ impl HmacScheme {
             timestamp: None,
             template: vec![Part::Body],
             keys: hmac_keys(secrets),
+            body_clock: None,
         })
     }
 
@@ -155,6 +204,7 @@ impl HmacScheme {
                 Part::Body,
             ],
             keys: hmac_keys(secrets),
+            body_clock: None,
         })
     }
 
@@ -225,6 +275,7 @@ impl HmacScheme {
             timestamp,
             template,
             keys: hmac_keys(secrets),
+            body_clock: None,
         })
     }
 }
@@ -272,12 +323,26 @@ impl Verifier for HmacScheme {
             .keys
             .iter()
             .any(|k| bool::from(self.alg.hmac(k, &parts).as_slice().ct_eq(&sig)));
-        if matched {
-            Ok(())
-        } else {
-            Err(SignatureError::Invalid("no signature matches"))
+        if !matched {
+            return Err(SignatureError::Invalid("no signature matches"));
+        }
+        match self.body_clock {
+            Some((pointer, tolerance)) => body_clock(body, pointer, now, tolerance),
+            None => Ok(()),
         }
     }
+}
+
+/// Checks a signed Unix-milliseconds timestamp inside a JSON body against the window.
+fn body_clock(body: &[u8], pointer: &str, now: i64, tolerance: i64) -> Result<(), SignatureError> {
+    const MISSING: &str = "the body holds no signed timestamp";
+    let doc: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| SignatureError::Malformed(MISSING))?;
+    let ms = doc
+        .pointer(pointer)
+        .and_then(serde_json::Value::as_i64)
+        .ok_or(SignatureError::Malformed(MISSING))?;
+    check_timestamp(&ms.div_euclid(1000).to_string(), now, tolerance).map(|_| ())
 }
 
 #[cfg(test)]

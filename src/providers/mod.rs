@@ -5,14 +5,20 @@
 //! signed). `build_route` expands the preset once, at start, into a `Route` whose
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
+mod adyen;
 mod alipay;
 mod common;
+mod gitlab;
 mod guard;
 mod hmac_scheme;
+mod hubspot;
 mod keys;
+mod mailgun;
+mod paddle;
 mod presets;
 mod routes;
 mod rsa_key;
+mod sendgrid;
 mod standard;
 mod stripe;
 mod target;
@@ -106,6 +112,10 @@ pub enum FingerprintRule {
     AlipayFields,
     /// WeChat Pay: these JSON fields (the encrypted resource may be re-encrypted).
     JsonFields(&'static [&'static str]),
+    /// The JSON body without these members (of the top-level object, or of each object
+    /// of a top-level array): fields a provider's retry rewrites inside a signed body
+    /// (HubSpot's `attemptNumber`, Intercom's `delivery_attempts`).
+    JsonWithout(&'static [&'static str]),
 }
 
 impl FingerprintRule {
@@ -126,6 +136,23 @@ impl FingerprintRule {
                     h.update(b"\n");
                 }
                 h.finalize().into()
+            }
+            FingerprintRule::JsonWithout(names) => {
+                let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(body) else {
+                    return fingerprint_body(body);
+                };
+                let strip = |v: &mut serde_json::Value| {
+                    if let Some(o) = v.as_object_mut() {
+                        for n in names {
+                            o.remove(*n);
+                        }
+                    }
+                };
+                match &mut doc {
+                    serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+                    other => strip(other),
+                }
+                fingerprint_body(doc.to_string().as_bytes())
             }
         }
     }
@@ -163,6 +190,9 @@ pub enum ClaimKey {
     /// sign, so a captured request replayed under a fresh key must still be caught.
     /// The delivery key is still required, logged and sent upstream.
     Content,
+    /// A signed one-time value read by `Route::claim_source` (Mailgun's token): its
+    /// reuse is caught even though the delivery key is unsigned.
+    Source,
 }
 
 /// What the pure half found out about an authentic delivery.
@@ -184,6 +214,8 @@ pub struct Route {
     pub key: KeySource,
     pub fingerprint: FingerprintRule,
     pub claim_key: ClaimKey,
+    /// Where a `ClaimKey::Source` claim is read.
+    claim_source: Option<KeySource>,
     pub success: SuccessRule,
     /// Whether the delivery log keeps this route's requests for an operator's replay.
     pub keep_payload: bool,
@@ -230,6 +262,14 @@ impl Route {
                 delivery_key,
                 fingerprint: self.fingerprint.fingerprint(body),
             },
+            ClaimKey::Source => {
+                let src = self.claim_source.as_ref().unwrap_or(&self.key);
+                Identity {
+                    claim_key: format!("once:{}", src.extract(headers, body)?),
+                    delivery_key,
+                    fingerprint: self.fingerprint.fingerprint(body),
+                }
+            }
             ClaimKey::Content => {
                 let fingerprint = self.content_hash(headers, body);
                 Identity {
@@ -243,11 +283,12 @@ impl Route {
 }
 
 impl Route {
-    /// The body's SHA-256, or, with a content scope, SHA-256 over each scope header's
-    /// `name:value\n`, a blank line, then the body.
+    /// The payload fingerprint (the body's SHA-256 for most presets, so a provider's
+    /// retry that rewrites delivery fields is the same content), or, with a content
+    /// scope, SHA-256 over each scope header's `name:value\n`, a blank line, then the body.
     fn content_hash(&self, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
         if self.content_scope.is_empty() {
-            return fingerprint_body(body);
+            return self.fingerprint.fingerprint(body);
         }
         let mut h = Sha256::new();
         for name in self.content_scope {
@@ -304,7 +345,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
     // it, since a window they cannot check would only pretend to protect.
     let signs_timestamp = presets::signs_timestamp(cfg);
     let tolerance = match (signs_timestamp, cfg.tolerance) {
-        (true, t) => Some(t.unwrap_or(presets::DEFAULT_TOLERANCE)),
+        (true, t) => Some(t.unwrap_or(presets::default_tolerance(&cfg.provider))),
         (false, None) => None,
         (false, Some(_)) => {
             let why = if cfg.provider == "custom" {
@@ -335,10 +376,14 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         }
     };
     let key = KeySource::parse(key_text).map_err(|m| FieldError::new("key", m))?;
+    let claim_source = preset
+        .claim_source
+        .map(|t| KeySource::parse(t).expect("a preset's claim source parses"));
     let custom_ts = c.timestamp_header.as_deref().map(str::to_ascii_lowercase);
-    let unsigned_header = key.headers().into_iter().any(|h| {
-        !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())
-    });
+    let unsigned_header = preset.claim_content
+        || key.headers().into_iter().any(|h| {
+            !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())
+        });
     let guarded = guard::Guarded::new(
         preset
             .verifier
@@ -355,11 +400,14 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         verifier: preset.verifier,
         key,
         fingerprint: preset.fingerprint,
-        claim_key: if unsigned_header {
+        claim_key: if claim_source.is_some() {
+            ClaimKey::Source
+        } else if unsigned_header {
             ClaimKey::Content
         } else {
             ClaimKey::Delivery
         },
+        claim_source,
         content_scope: preset.content_scope,
         success: preset.success,
         tolerance: preset.tolerance,
@@ -571,5 +619,25 @@ mod tests {
         // the same order JSON as another topic, or from another shop, is another event
         assert_ne!(first, claim("e3", "orders/paid", "a.myshopify.com"));
         assert_ne!(first, claim("e4", "orders/create", "b.myshopify.com"));
+    }
+
+    #[test]
+    fn json_without_ignores_only_the_named_members() {
+        let f = FingerprintRule::JsonWithout(&["attemptNumber"]);
+        let a =
+            f.fingerprint(br#"[{"eventId":1,"attemptNumber":0},{"eventId":2,"attemptNumber":0}]"#);
+        let b =
+            f.fingerprint(br#"[{"eventId":1,"attemptNumber":3},{"eventId":2,"attemptNumber":1}]"#);
+        let c =
+            f.fingerprint(br#"[{"eventId":1,"attemptNumber":0},{"eventId":3,"attemptNumber":0}]"#);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let o = FingerprintRule::JsonWithout(&["delivery_attempts"]);
+        assert_eq!(
+            o.fingerprint(br#"{"id":"n1","delivery_attempts":1}"#),
+            o.fingerprint(br#"{"id":"n1","delivery_attempts":2}"#)
+        );
+        // not JSON: the body's hash, as the Body rule
+        assert_eq!(o.fingerprint(b"x=1"), fingerprint_body(b"x=1"));
     }
 }

@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use super::common::HashAlg;
+use super::hmac_scheme::{Encoding, HmacRow, HmacScheme};
 use super::{
-    FieldError, FingerprintRule, SuccessRule, Verifier, alipay, hmac_scheme, standard, stripe,
-    twilio, wechatpay,
+    FieldError, FingerprintRule, SuccessRule, Verifier, adyen, alipay, gitlab, hmac_scheme,
+    hubspot, mailgun, paddle, sendgrid, standard, stripe, twilio, wechatpay,
 };
 use crate::config::RouteConfig;
 
@@ -21,6 +23,17 @@ pub const PROVIDERS: &[&str] = &[
     "wechatpay",
     "twilio",
     "custom",
+    "razorpay",
+    "bitbucket",
+    "intercom",
+    "square",
+    "linear",
+    "gitlab",
+    "paddle",
+    "hubspot",
+    "mailgun",
+    "sendgrid",
+    "adyen",
 ];
 
 /// What a preset expands to, before the route's overrides.
@@ -36,7 +49,85 @@ pub(super) struct Preset {
     pub(super) content_scope: &'static [&'static str],
     /// Which answers complete a delivery.
     pub(super) success: SuccessRule,
+    /// Claim the content even though the key is signed (a batch body, whose first id
+    /// does not name the whole batch).
+    pub(super) claim_content: bool,
+    /// Claim this signed value instead of the key, when the key is unsigned but a
+    /// signed one-time value is not (Mailgun's token).
+    pub(super) claim_source: Option<&'static str>,
 }
+
+/// Razorpay: `X-Razorpay-Signature: <hex HMAC-SHA256(webhook secret, body)>`.
+const RAZORPAY: HmacRow = HmacRow {
+    name: "razorpay",
+    header: "x-razorpay-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Hex,
+    prefix: None,
+    signs_url: false,
+    body_clock: None,
+};
+
+/// Bitbucket Cloud: `X-Hub-Signature: sha256=<hex HMAC-SHA256(secret, body)>`.
+const BITBUCKET: HmacRow = HmacRow {
+    name: "bitbucket",
+    header: "x-hub-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Hex,
+    prefix: Some("sha256="),
+    signs_url: false,
+    body_clock: None,
+};
+
+/// Intercom: `X-Hub-Signature: sha1=<hex HMAC-SHA1(client secret, body)>`.
+const INTERCOM: HmacRow = HmacRow {
+    name: "intercom",
+    header: "x-hub-signature",
+    alg: HashAlg::Sha1,
+    encoding: Encoding::Hex,
+    prefix: Some("sha1="),
+    signs_url: false,
+    body_clock: None,
+};
+
+/// Square: `X-Square-HmacSha256-Signature: <base64 HMAC-SHA256(signature key,
+/// notification URL + body)>`.
+const SQUARE: HmacRow = HmacRow {
+    name: "square",
+    header: "x-square-hmacsha256-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Base64,
+    prefix: None,
+    signs_url: true,
+    body_clock: None,
+};
+
+/// Linear: `Linear-Signature: <hex HMAC-SHA256(secret, body)>`; the window is checked
+/// on the body's signed `webhookTimestamp` (milliseconds), never on the unsigned
+/// `Linear-Timestamp` header.
+const LINEAR: HmacRow = HmacRow {
+    name: "linear",
+    header: "linear-signature",
+    alg: HashAlg::Sha256,
+    encoding: Encoding::Hex,
+    prefix: None,
+    signs_url: false,
+    body_clock: Some("/webhookTimestamp"),
+};
+
+/// The signed fields that name an Adyen notification item (of the first item: Adyen
+/// sends one per request unless batching was asked for).
+const ADYEN_KEY: &str = "json:/notificationItems/0/NotificationRequestItem/pspReference\
++json:/notificationItems/0/NotificationRequestItem/eventCode\
++json:/notificationItems/0/NotificationRequestItem/success";
+
+/// Intercom rewrites these members of a notification when it re-sends it.
+const INTERCOM_RETRY_FIELDS: &[&str] = &[
+    "delivery_attempts",
+    "delivery_status",
+    "delivered_at",
+    "first_sent_at",
+];
 
 /// The provider-specific fields (`CustomFields`) each preset reads; any other one set
 /// on a route is an error naming it.
@@ -50,17 +141,32 @@ pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
             "timestamp_header",
             "signed",
         ],
-        "twilio" => &["public_url"],
+        "twilio" | "square" | "hubspot" => &["public_url"],
         _ => &[],
     }
 }
 
 pub(super) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
+/// A preset's window when the route sets no `tolerance`: the official library's where
+/// it has one (Linear's SDK: 60 s).
+pub(super) fn default_tolerance(provider: &str) -> Duration {
+    match provider {
+        "linear" => Duration::from_secs(60),
+        "paddle" => Duration::from_secs(5),
+        "mailgun" => Duration::from_secs(900),
+        // SendGrid retries a batch for 24 hours; its library checks no window.
+        "sendgrid" => Duration::from_secs(86_400),
+        _ => DEFAULT_TOLERANCE,
+    }
+}
+
 pub(super) fn signs_timestamp(cfg: &RouteConfig) -> bool {
     let c = &cfg.custom;
     match cfg.provider.as_str() {
-        "standard" | "stripe" | "slack" | "wechatpay" => true,
+        "standard" | "stripe" | "slack" | "wechatpay" | "linear" | "paddle" | "hubspot"
+        | "mailgun" | "sendgrid" => true,
+        "gitlab" => cfg.secrets.iter().any(|s| s.value.starts_with(b"whsec_")),
         "custom" => c.timestamp_header.is_some(),
         _ => false,
     }
@@ -84,6 +190,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "github" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
@@ -93,6 +201,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "stripe" => Preset {
             verifier: Box::new(stripe::Stripe::new(s, tol)?),
@@ -102,6 +212,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "shopify" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
@@ -113,6 +225,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "slack" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
@@ -122,6 +236,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "alipay" => Preset {
             verifier: Box::new(alipay::Alipay::new(s)?),
@@ -131,6 +247,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::AlipayFields,
             content_scope: &[],
             success: SuccessRule::AlipaySuccessBody,
+            claim_content: false,
+            claim_source: None,
         },
         "wechatpay" => Preset {
             verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
@@ -140,6 +258,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "twilio" => Preset {
             verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
@@ -149,6 +269,8 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
         },
         "custom" => {
             let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
@@ -161,8 +283,263 @@ pub(super) fn preset(
                 fingerprint: FingerprintRule::Body,
                 content_scope: &[],
                 success: SuccessRule::Any2xx,
+                claim_content: false,
+                claim_source: None,
             }
         }
+        "razorpay" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&RAZORPAY, s, None, tol)?),
+            default_key: Some("header:x-razorpay-event-id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "bitbucket" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&BITBUCKET, s, None, tol)?),
+            default_key: Some("header:X-Request-UUID"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &["x-event-key"],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "intercom" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&INTERCOM, s, None, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonWithout(INTERCOM_RETRY_FIELDS),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "square" => Preset {
+            verifier: Box::new(HmacScheme::from_row(
+                &SQUARE,
+                s,
+                c.public_url.as_deref(),
+                tol,
+            )?),
+            default_key: Some("json:/event_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "linear" => Preset {
+            verifier: Box::new(HmacScheme::from_row(&LINEAR, s, None, tol)?),
+            default_key: Some("header:Linear-Delivery"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonWithout(&["webhookTimestamp"]),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "gitlab" => {
+            let (signing, tokens): (Vec<_>, Vec<_>) = s
+                .iter()
+                .cloned()
+                .partition(|s| s.value.starts_with(b"whsec_"));
+            // each signing token alone first, so an error names its own index
+            for (j, one) in s.iter().enumerate() {
+                if one.value.starts_with(b"whsec_") {
+                    standard::StandardWebhooks::new(std::slice::from_ref(one), tol)
+                        .map_err(|e| FieldError::new(format!("secrets[{j}]"), e.message))?;
+                }
+            }
+            let signed: Option<Box<dyn Verifier>> = if signing.is_empty() {
+                None
+            } else {
+                Some(Box::new(standard::StandardWebhooks::new(&signing, tol)?))
+            };
+            let tokens = tokens.into_iter().map(|s| s.value).collect();
+            Preset {
+                verifier: Box::new(gitlab::Gitlab::new(tokens, signed)),
+                default_key: Some("header:Idempotency-Key"),
+                tolerance,
+                signed_headers: &[],
+                fingerprint: FingerprintRule::Body,
+                content_scope: &[],
+                success: SuccessRule::Any2xx,
+                claim_content: false,
+                claim_source: None,
+            }
+        }
+        "paddle" => Preset {
+            verifier: Box::new(paddle::Paddle::new(s, tol)),
+            default_key: Some("json:/event_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
+        "hubspot" => Preset {
+            verifier: Box::new(hubspot::Hubspot::new(s, c.public_url.as_deref(), tol)?),
+            default_key: Some("json:/0/eventId"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonWithout(&["attemptNumber"]),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: true,
+            claim_source: None,
+        },
+        "mailgun" => Preset {
+            verifier: Box::new(mailgun::Mailgun::new(s, tol)),
+            default_key: Some("json:/event-data/id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: Some("json:/signature/token"),
+        },
+        "sendgrid" => Preset {
+            verifier: Box::new(sendgrid::Sendgrid::new(s, tol)?),
+            default_key: Some("json:/0/sg_event_id"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: true,
+            claim_source: None,
+        },
+        "adyen" => Preset {
+            verifier: Box::new(adyen::Adyen::new(s)?),
+            default_key: Some(ADYEN_KEY),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::JsonFields(&["/notificationItems"]),
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+        },
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::{ClaimKey, build_route, routes};
+
+    fn built(lines: &str) -> Result<super::super::Route, String> {
+        let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{lines}\n");
+        let (c, _) = routes::from_toml_with_env(&text, |_| None).map_err(|e| e.field)?;
+        build_route(&c.routes[0], &c).map_err(|e| e.field)
+    }
+
+    #[test]
+    fn url_signing_presets_require_public_url() {
+        for p in ["square", "hubspot"] {
+            let e = built(&format!("provider = \"{p}\"\nsecrets = [\"s\"]")).err();
+            assert_eq!(e.as_deref(), Some("route[0].public_url"), "{p}");
+            let e = built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"s\"]\npublic_url = \"/relative\""
+            ))
+            .err();
+            assert_eq!(e.as_deref(), Some("route[0].public_url"), "{p}");
+            built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"s\"]\npublic_url = \"https://x/y\""
+            ))
+            .unwrap();
+        }
+        let e = built("provider = \"razorpay\"\nsecrets = [\"s\"]\npublic_url = \"https://x/\"");
+        assert_eq!(e.err().as_deref(), Some("route[0].public_url"));
+    }
+
+    #[test]
+    fn windows_only_where_signed_with_the_libraries_defaults() {
+        for p in [
+            "razorpay",
+            "bitbucket",
+            "intercom",
+            "square",
+            "adyen",
+            "gitlab",
+        ] {
+            let extra = if p == "square" {
+                "\npublic_url = \"https://x/y\""
+            } else {
+                ""
+            };
+            let e = built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"00aa\"]\ntolerance = \"1m\"{extra}"
+            ));
+            assert_eq!(e.err().as_deref(), Some("route[0].tolerance"), "{p}");
+        }
+        for (p, secs) in [
+            ("linear", 60),
+            ("paddle", 5),
+            ("mailgun", 900),
+            ("sendgrid", 86_400),
+        ] {
+            let secret = if p == "sendgrid" {
+                "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEbjkG//TtOnU6ERf0XFaIGuuEwW66pdr8hm+DlVPKV8cDNjALJQ8swYrD18qnoOs6GV8s7PunRFYlxijCcXbwZg=="
+            } else {
+                "s"
+            };
+            let r = built(&format!("provider = \"{p}\"\nsecrets = [\"{secret}\"]")).unwrap();
+            assert_eq!(r.tolerance(), Some(Duration::from_secs(secs)), "{p}");
+        }
+        // GitLab signs a timestamp only with a signing token
+        let r = built("provider = \"gitlab\"\nsecrets = [\"tok\", \"whsec_dGVzdA==\"]").unwrap();
+        assert_eq!(r.tolerance(), Some(Duration::from_secs(300)));
+        let e = built("provider = \"gitlab\"\nsecrets = [\"tok\", \"whsec_!!\"]").err();
+        assert_eq!(e.as_deref(), Some("route[0].secrets[1]"));
+    }
+
+    #[test]
+    fn claims_follow_what_each_provider_signs() {
+        let claim = |lines: &str| built(lines).unwrap().claim_key;
+        for p in ["razorpay", "bitbucket", "linear", "gitlab"] {
+            assert_eq!(
+                claim(&format!("provider = \"{p}\"\nsecrets = [\"s\"]")),
+                ClaimKey::Content,
+                "{p}"
+            );
+        }
+        for p in ["intercom", "paddle"] {
+            assert_eq!(
+                claim(&format!("provider = \"{p}\"\nsecrets = [\"s\"]")),
+                ClaimKey::Delivery,
+                "{p}"
+            );
+        }
+        assert_eq!(
+            claim("provider = \"mailgun\"\nsecrets = [\"s\"]"),
+            ClaimKey::Source
+        );
+        assert_eq!(
+            claim("provider = \"hubspot\"\nsecrets = [\"s\"]\npublic_url = \"https://x/\""),
+            ClaimKey::Content
+        );
+        assert_eq!(
+            claim("provider = \"adyen\"\nsecrets = [\"0A0B\"]"),
+            ClaimKey::Delivery
+        );
+        let e = built("provider = \"adyen\"\nsecrets = [\"not hex\"]").err();
+        assert_eq!(e.as_deref(), Some("route[0].secrets[0]"));
+        let e = built("provider = \"sendgrid\"\nsecrets = [\"bm90IGEga2V5\"]").err();
+        assert_eq!(e.as_deref(), Some("route[0].secrets[0]"));
+    }
 }
