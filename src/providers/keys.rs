@@ -16,6 +16,9 @@ pub const MAX_KEY_LEN: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     Header(HeaderName),
+    /// A header under either of two spellings (`webhook-id` or Svix's `svix-id`):
+    /// both present with different values is refused.
+    Aliased(HeaderName, HeaderName),
     /// A JSON Pointer (RFC 6901) into the body.
     Json(String),
     /// A field of an `application/x-www-form-urlencoded` body.
@@ -34,6 +37,21 @@ pub enum KeyError {
 }
 
 impl KeySource {
+    /// The same source with each header named in `aliases` (name, other spelling) read
+    /// under either spelling.
+    pub fn with_aliases(self, aliases: &[(&str, &'static str)]) -> KeySource {
+        match self {
+            KeySource::Header(h) => match aliases.iter().find(|(a, _)| *a == h.as_str()) {
+                Some((_, b)) => KeySource::Aliased(h, HeaderName::from_static(b)),
+                None => KeySource::Header(h),
+            },
+            KeySource::Composite(parts) => {
+                KeySource::Composite(parts.into_iter().map(|p| p.with_aliases(aliases)).collect())
+            }
+            other => other,
+        }
+    }
+
     pub fn parse(text: &str) -> Result<KeySource, String> {
         let parts = split_composite(text);
         if parts.len() == 1 {
@@ -69,6 +87,7 @@ impl KeySource {
     pub fn describe(&self) -> String {
         match self {
             KeySource::Header(h) => format!("header {h}"),
+            KeySource::Aliased(a, b) => format!("header {a} or {b}"),
             KeySource::Json(p) => format!("JSON {p}"),
             KeySource::Form(f) => format!("form field {f}"),
             KeySource::Composite(parts) => parts
@@ -84,6 +103,7 @@ impl KeySource {
     pub fn headers(&self) -> Vec<&HeaderName> {
         match self {
             KeySource::Header(h) => vec![h],
+            KeySource::Aliased(a, b) => vec![a, b],
             KeySource::Json(_) | KeySource::Form(_) => vec![],
             KeySource::Composite(parts) => parts.iter().flat_map(KeySource::headers).collect(),
         }
@@ -111,6 +131,23 @@ impl KeySource {
                     joined.push_str(&value.replace('%', "%25").replace(':', "%3A"));
                 }
                 joined
+            }
+            KeySource::Aliased(a, b) => {
+                let one = KeySource::Header(a.clone()).extract_unchecked(headers, body);
+                let other = KeySource::Header(b.clone()).extract_unchecked(headers, body);
+                match (one, other) {
+                    (Ok(x), Ok(y)) if x != y => {
+                        return Err(KeyError::Invalid(
+                            "the key is sent under both header spellings with different values",
+                        ));
+                    }
+                    (Ok(x), Ok(_) | Err(KeyError::Missing(_)))
+                    | (Err(KeyError::Missing(_)), Ok(x)) => x,
+                    (Err(KeyError::Missing(_)), Err(KeyError::Missing(_))) => {
+                        return Err(missing());
+                    }
+                    (Err(e), _) | (_, Err(e)) => return Err(e),
+                }
             }
             KeySource::Header(name) => {
                 let mut values = headers.get_all(name).iter();

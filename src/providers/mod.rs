@@ -334,7 +334,9 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             ));
         }
     };
-    let key = KeySource::parse(key_text).map_err(|m| FieldError::new("key", m))?;
+    let key = KeySource::parse(key_text)
+        .map_err(|m| FieldError::new("key", m))?
+        .with_aliases(preset.key_aliases);
     let custom_ts = c.timestamp_header.as_deref().map(str::to_ascii_lowercase);
     let unsigned_header = key.headers().into_iter().any(|h| {
         !preset.signed_headers.contains(&h.as_str()) && custom_ts.as_deref() != Some(h.as_str())

@@ -36,6 +36,8 @@ pub(super) struct Preset {
     pub(super) content_scope: &'static [&'static str],
     /// Which answers complete a delivery.
     pub(super) success: SuccessRule,
+    /// Key headers the provider also sends under another spelling (name, other).
+    pub(super) key_aliases: &'static [(&'static str, &'static str)],
 }
 
 /// The provider-specific fields (`CustomFields`) each preset reads; any other one set
@@ -80,10 +82,16 @@ pub(super) fn preset(
             verifier: Box::new(standard::StandardWebhooks::new(s, tol)?),
             default_key: Some("header:webhook-id"),
             tolerance,
-            signed_headers: &["webhook-id", "webhook-timestamp"],
+            signed_headers: &[
+                "webhook-id",
+                "webhook-timestamp",
+                "svix-id",
+                "svix-timestamp",
+            ],
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            key_aliases: &[("webhook-id", "svix-id")],
         },
         "github" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
@@ -93,6 +101,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            key_aliases: &[],
         },
         "stripe" => Preset {
             verifier: Box::new(stripe::Stripe::new(s, tol)?),
@@ -102,6 +111,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            key_aliases: &[],
         },
         "shopify" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
@@ -113,6 +123,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
             success: SuccessRule::Any2xx,
+            key_aliases: &[],
         },
         "slack" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
@@ -122,6 +133,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            key_aliases: &[],
         },
         "alipay" => Preset {
             verifier: Box::new(alipay::Alipay::new(s)?),
@@ -131,6 +143,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::AlipayFields,
             content_scope: &[],
             success: SuccessRule::AlipaySuccessBody,
+            key_aliases: &[],
         },
         "wechatpay" => Preset {
             verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
@@ -140,6 +153,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            key_aliases: &[],
         },
         "twilio" => Preset {
             verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
@@ -149,6 +163,7 @@ pub(super) fn preset(
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
+            key_aliases: &[],
         },
         "custom" => {
             let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
@@ -161,6 +176,7 @@ pub(super) fn preset(
                 fingerprint: FingerprintRule::Body,
                 content_scope: &[],
                 success: SuccessRule::Any2xx,
+                key_aliases: &[],
             }
         }
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
