@@ -23,6 +23,9 @@ pub enum KeySource {
     Json(String),
     /// A field of an `application/x-www-form-urlencoded` body.
     Form(String),
+    /// `content`: `sha256:<hex of the body>`, for providers whose deliveries carry no
+    /// id and whose retries resend the same body.
+    Content,
     /// Several sources, all required, joined (see the module doc).
     Composite(Vec<KeySource>),
 }
@@ -34,6 +37,17 @@ pub enum KeyError {
     Missing(String),
     #[error("the idempotency key is unusable: {0}")]
     Invalid(&'static str),
+    /// A JSON key source on a body that is not JSON (Slack's form-encoded posts).
+    #[error("the idempotency key is unusable: the body is not valid JSON")]
+    NotJson,
+}
+
+impl KeyError {
+    /// Whether the request simply holds no key (as opposed to a malformed one): such a
+    /// signed request follows the route's `keyless` policy.
+    pub fn is_keyless(&self) -> bool {
+        matches!(self, KeyError::Missing(_) | KeyError::NotJson)
+    }
 }
 
 impl KeySource {
@@ -65,6 +79,9 @@ impl KeySource {
     }
 
     fn parse_one(text: &str) -> Result<KeySource, String> {
+        if text == "content" {
+            return Ok(KeySource::Content);
+        }
         let (kind, arg) = text
             .split_once(':')
             .ok_or_else(|| format!("`{text}` is not header:NAME, json:/pointer or form:FIELD"))?;
@@ -88,6 +105,7 @@ impl KeySource {
         match self {
             KeySource::Header(h) => format!("header {h}"),
             KeySource::Aliased(a, b) => format!("header {a} or {b}"),
+            KeySource::Content => "the body's SHA-256".to_string(),
             KeySource::Json(p) => format!("JSON {p}"),
             KeySource::Form(f) => format!("form field {f}"),
             KeySource::Composite(parts) => parts
@@ -104,7 +122,7 @@ impl KeySource {
         match self {
             KeySource::Header(h) => vec![h],
             KeySource::Aliased(a, b) => vec![a, b],
-            KeySource::Json(_) | KeySource::Form(_) => vec![],
+            KeySource::Json(_) | KeySource::Form(_) | KeySource::Content => vec![],
             KeySource::Composite(parts) => parts.iter().flat_map(KeySource::headers).collect(),
         }
     }
@@ -131,6 +149,9 @@ impl KeySource {
                     joined.push_str(&value.replace('%', "%25").replace(':', "%3A"));
                 }
                 joined
+            }
+            KeySource::Content => {
+                format!("sha256:{}", hex::encode(super::fingerprint_body(body)))
             }
             KeySource::Aliased(a, b) => {
                 let one = KeySource::Header(a.clone()).extract_unchecked(headers, body);
@@ -163,8 +184,8 @@ impl KeySource {
                     .to_string()
             }
             KeySource::Json(pointer) => {
-                let doc: serde_json::Value = serde_json::from_slice(body)
-                    .map_err(|_| KeyError::Invalid("the body is not valid JSON"))?;
+                let doc: serde_json::Value =
+                    serde_json::from_slice(body).map_err(|_| KeyError::NotJson)?;
                 match doc.pointer(pointer) {
                     None | Some(serde_json::Value::Null) => return Err(missing()),
                     Some(serde_json::Value::String(s)) => s.clone(),
@@ -341,14 +362,11 @@ mod tests {
             s.extract(&e, br#"{"id":"a\u0000b"}"#),
             Err(KeyError::Invalid(_))
         ));
-        assert!(matches!(
-            s.extract(&e, b"not json"),
-            Err(KeyError::Invalid(_))
-        ));
+        assert!(matches!(s.extract(&e, b"not json"), Err(KeyError::NotJson)));
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(matches!(
             s.extract(&e, deep.as_bytes()),
-            Err(KeyError::Invalid(_))
+            Err(KeyError::NotJson)
         ));
     }
 

@@ -5,9 +5,12 @@
 //! signed). `build_route` expands the preset once, at start, into a `Route` whose
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
+mod admit;
 mod alipay;
 mod common;
+mod discord;
 mod guard;
+mod handshake;
 mod hmac_scheme;
 mod keys;
 mod presets;
@@ -26,7 +29,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, HandshakeMode, KeylessPolicy, RouteConfig};
+pub use admit::Admission;
+pub use handshake::{MAX_CRC_TOKEN, Reply, crc_token_shape};
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
 pub use presets::PROVIDERS;
 pub use routes::{Routes, from_toml_with_env, load};
@@ -196,6 +201,10 @@ pub struct Route {
     guarded: guard::Guarded,
     /// `"{name}:"`, the prefix of the `idempotency-key` header sent upstream.
     key_header_prefix: String,
+    /// The provider's URL checks, and what the route does with them.
+    handshakes: handshake::Handshakes,
+    /// What a signed request holding no key gets.
+    keyless: KeylessPolicy,
 }
 
 impl Route {
@@ -223,6 +232,15 @@ impl Route {
     ) -> Result<Identity, IdentifyError> {
         self.guarded.check(headers)?;
         self.verifier.verify_request(headers, query, body, now)?;
+        self.identify_verified(headers, body)
+    }
+
+    /// The key and fingerprint of a delivery whose signature verified.
+    fn identify_verified(
+        &self,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Identity, IdentifyError> {
         let delivery_key = self.key.extract(headers, body)?;
         Ok(match self.claim_key {
             ClaimKey::Delivery => Identity {
@@ -271,6 +289,9 @@ pub enum IdentifyError {
     Signature(#[from] SignatureError),
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// An unsigned check with the wrong credential (Meta's verify token): 403.
+    #[error("{0}")]
+    Forbidden(&'static str),
 }
 
 /// Expands a route's preset into a `Route`. Errors name the field within the route.
@@ -292,6 +313,12 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         ("timestamp_header", c.timestamp_header.is_some()),
         ("signed", c.signed.is_some()),
         ("public_url", c.public_url.is_some()),
+        ("verify_token", c.verify_token.is_some()),
+        (
+            "handshake",
+            c.handshake.is_some()
+                && presets::handshake_kind(&cfg.provider) == handshake::Kind::None,
+        ),
     ] {
         if set && !used.contains(&field) {
             return Err(FieldError::new(
@@ -304,7 +331,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
     // it, since a window they cannot check would only pretend to protect.
     let signs_timestamp = presets::signs_timestamp(cfg);
     let tolerance = match (signs_timestamp, cfg.tolerance) {
-        (true, t) => Some(t.unwrap_or(presets::DEFAULT_TOLERANCE)),
+        (true, t) => Some(t.unwrap_or(presets::default_tolerance(&cfg.provider))),
         (false, None) => None,
         (false, Some(_)) => {
             let why = if cfg.provider == "custom" {
@@ -367,6 +394,19 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         tolerance: preset.tolerance,
         keep_payload: cfg.keep_payload,
         key_header_prefix: format!("{}:", cfg.name),
+        handshakes: handshake::Handshakes {
+            kind: presets::handshake_kind(&cfg.provider),
+            mode: c.handshake.unwrap_or(HandshakeMode::Forward),
+            verify_token: c.verify_token.as_ref().map(|t| t.value.clone()),
+            answer_key: cfg
+                .secrets
+                .first()
+                .map(|s| s.value.clone())
+                .unwrap_or_default(),
+        },
+        keyless: cfg
+            .keyless
+            .unwrap_or_else(|| presets::default_keyless(&cfg.provider)),
     })
 }
 

@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
+use super::handshake::Kind;
 use super::{
-    FieldError, FingerprintRule, SuccessRule, Verifier, alipay, hmac_scheme, standard, stripe,
-    twilio, wechatpay,
+    FieldError, FingerprintRule, SuccessRule, Verifier, alipay, discord, hmac_scheme, standard,
+    stripe, twilio, wechatpay,
 };
-use crate::config::RouteConfig;
+use crate::config::{KeylessPolicy, RouteConfig};
 
 /// The preset names a route's `provider` may take (all implemented below).
 pub const PROVIDERS: &[&str] = &[
@@ -21,6 +22,10 @@ pub const PROVIDERS: &[&str] = &[
     "wechatpay",
     "twilio",
     "custom",
+    "meta",
+    "discord",
+    "zoom",
+    "twitter",
 ];
 
 /// What a preset expands to, before the route's overrides.
@@ -53,16 +58,49 @@ pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
             "signed",
         ],
         "twilio" => &["public_url"],
+        "meta" => &["verify_token"],
         _ => &[],
+    }
+}
+
+/// Which URL checks a provider sends (see `handshake`).
+pub(super) fn handshake_kind(provider: &str) -> Kind {
+    match provider {
+        "slack" => Kind::Slack,
+        "zoom" => Kind::Zoom,
+        "discord" => Kind::Discord,
+        "meta" => Kind::Meta,
+        "twitter" => Kind::Twitter,
+        _ => Kind::None,
+    }
+}
+
+/// A preset's `keyless` default: Slack's slash commands and interactivity posts are
+/// signed, carry no id and are never retried, so they are forwarded; elsewhere a
+/// missing key is a malformed delivery.
+pub(super) fn default_keyless(provider: &str) -> KeylessPolicy {
+    match provider {
+        "slack" => KeylessPolicy::Forward,
+        _ => KeylessPolicy::Reject,
     }
 }
 
 pub(super) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
+/// A preset's default window. Zoom retries 5, 25 and 85 minutes after the first
+/// attempt and may resend the first attempt's signed timestamp: 90 minutes lets its
+/// last retry through.
+pub(super) fn default_tolerance(provider: &str) -> Duration {
+    match provider {
+        "zoom" => Duration::from_secs(90 * 60),
+        _ => DEFAULT_TOLERANCE,
+    }
+}
+
 pub(super) fn signs_timestamp(cfg: &RouteConfig) -> bool {
     let c = &cfg.custom;
     match cfg.provider.as_str() {
-        "standard" | "stripe" | "slack" | "wechatpay" => true,
+        "standard" | "stripe" | "slack" | "wechatpay" | "zoom" | "discord" => true,
         "custom" => c.timestamp_header.is_some(),
         _ => false,
     }
@@ -179,6 +217,46 @@ pub(super) fn preset(
                 key_aliases: &[],
             }
         }
+        "meta" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
+            default_key: Some("content"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            key_aliases: &[],
+        },
+        "discord" => Preset {
+            verifier: Box::new(discord::Discord::new(s, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &["x-signature-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            key_aliases: &[],
+        },
+        "zoom" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::zoom(s, tol)?),
+            default_key: Some("content"),
+            tolerance,
+            signed_headers: &["x-zm-request-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            key_aliases: &[],
+        },
+        "twitter" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::twitter(s)?),
+            default_key: Some("content"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            key_aliases: &[],
+        },
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })
 }

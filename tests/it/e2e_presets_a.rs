@@ -233,3 +233,164 @@ async fn svix_spelled_standard_webhooks_forwarded_once() {
         .await;
     st.forwarded(&a, 2, &body, &format!("clerk:{id2}"));
 }
+
+fn slack_sign(secret: &str, ts: i64, body: &[u8]) -> String {
+    s(&py(json!({"op":"slack","secret":secret,"ts":ts,"body_b64":b64(body)}))["signature"])
+}
+
+fn slack_h(ts: i64, sig: String, form: bool) -> Vec<(&'static str, String)> {
+    let ct = if form {
+        "application/x-www-form-urlencoded"
+    } else {
+        "application/json"
+    };
+    vec![
+        ("content-type", ct.to_string()),
+        ("x-slack-request-timestamp", ts.to_string()),
+        ("x-slack-signature", sig),
+    ]
+}
+
+/// Slack's Request URL check: verified, then forwarded unclaimed (default) so the
+/// application answers the challenge; unsigned or badly signed, 401 and nothing
+/// forwarded. Slash commands (signed, form-encoded, no event_id) reach the application
+/// undeduplicated, each time.
+#[tokio::test]
+async fn slack_url_verification_forwarded_and_slash_commands_reach_the_app() {
+    let secret = "8f742231b10e8888abcd99yyyzzz85a5";
+    let st = stack(route("slack", "slack", &[secret], "")).await;
+    let path = "/hooks/slack";
+    let now = now_secs();
+    let challenge = unique_id("chal");
+    let body = format!(
+        r#"{{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"{challenge}","type":"url_verification"}}"#
+    )
+    .into_bytes();
+    // unsigned, badly signed, stale: 401, nothing forwarded
+    let a = st.post(path, &[json_h()], &body).await;
+    st.refused(&a, 401, 0);
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign("wrong", now, &body), false),
+            &body,
+        )
+        .await;
+    st.refused(&a, 401, 0);
+    let old = now - 900;
+    let a = st
+        .post(
+            path,
+            &slack_h(old, slack_sign(secret, old, &body), false),
+            &body,
+        )
+        .await;
+    st.refused(&a, 401, 0);
+    // signed: forwarded (no claim, no idempotency-key), twice if sent twice
+    let sig = slack_sign(secret, now, &body);
+    for n in 1..=2 {
+        let a = st
+            .post(path, &slack_h(now, sig.clone(), false), &body)
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert!(!a.replayed());
+        assert_eq!(st.upstream.count(), n);
+        assert_eq!(st.upstream.last().body, body);
+        assert_eq!(st.upstream.last().header("idempotency-key"), None);
+    }
+    assert_eq!(st.sidecar.requests_total("slack", "handshake").await, 2.0);
+    // a slash command: forwarded each time, counted unkeyed
+    let cmd = b"token=x&team_id=T1&command=%2Fdeploy&text=prod&trigger_id=1.2.3".to_vec();
+    for n in 3..=4 {
+        let a = st
+            .post(
+                path,
+                &slack_h(now, slack_sign(secret, now, &cmd), true),
+                &cmd,
+            )
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(st.upstream.count(), n);
+        assert_eq!(st.upstream.last().header("idempotency-key"), None);
+    }
+    assert_eq!(st.sidecar.requests_total("slack", "unkeyed").await, 2.0);
+    // a tampered or unsigned slash command still never reaches it
+    let mut tampered = cmd.clone();
+    tampered[7] ^= 1;
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &cmd), true),
+            &tampered,
+        )
+        .await;
+    st.refused(&a, 401, 4);
+    let a = st
+        .post(
+            path,
+            &[("content-type", "application/x-www-form-urlencoded".into())],
+            &cmd,
+        )
+        .await;
+    st.refused(&a, 400, 4);
+    // events keep their de-duplication
+    let ev = unique_id("Ev");
+    let evb = format!(r#"{{"type":"event_callback","event_id":"{ev}"}}"#).into_bytes();
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &evb), false),
+            &evb,
+        )
+        .await;
+    st.forwarded(&a, 5, &evb, &format!("slack:{ev}"));
+    let a = st
+        .post(
+            path,
+            &slack_h(now + 1, slack_sign(secret, now + 1, &evb), false),
+            &evb,
+        )
+        .await;
+    st.replayed(&a, 5);
+}
+
+/// `handshake = "answer"`: idemgate echoes the challenge itself; `keyless = "reject"`:
+/// a slash command is refused.
+#[tokio::test]
+async fn slack_url_verification_answered_and_keyless_rejected() {
+    let secret = "slack-signing-secret";
+    let extra = "handshake = \"answer\"\nkeyless = \"reject\"\n";
+    let st = stack(route("slack", "slack", &[secret], extra)).await;
+    let path = "/hooks/slack";
+    let now = now_secs();
+    let challenge = unique_id("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P");
+    let body = format!(r#"{{"token":"t","challenge":"{challenge}","type":"url_verification"}}"#)
+        .into_bytes();
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &body), false),
+            &body,
+        )
+        .await;
+    assert_eq!((a.status, a.text()), (200, challenge.clone()));
+    assert_eq!(st.upstream.count(), 0, "answered by idemgate");
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign("x", now, &body), false),
+            &body,
+        )
+        .await;
+    st.refused(&a, 401, 0);
+    assert_eq!(st.sidecar.requests_total("slack", "handshake").await, 1.0);
+    let cmd = b"command=%2Fdeploy&trigger_id=1.2.3".to_vec();
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &cmd), true),
+            &cmd,
+        )
+        .await;
+    st.refused(&a, 400, 0);
+}
