@@ -6,6 +6,13 @@
 //! - Svix: the official `svix` library signs (`Webhook.sign`) and its `verify` accepts
 //!   the `svix-*` headers.
 //! - Slack: the official `slack_sdk` signs (`SignatureVerifier.generate_signature`).
+//! - Discord: PyNaCl signs (Ed25519 over timestamp + body) and the official
+//!   `discord-interactions` `verify_key` must accept each signature.
+//! - Meta, Zoom, X: no official Python library signs or verifies these webhooks; the
+//!   signer implements each documented algorithm with Python's `hmac`/`hashlib` (Meta:
+//!   `sha256=` hex HMAC of the body; Zoom: `v0=` hex HMAC of `v0:{ts}:{body}`, and
+//!   `encryptedToken` = hex HMAC of the plainToken; X: `sha256=` base64 HMAC of the
+//!   body, and of the `crc_token` for the CRC answer).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -69,7 +76,10 @@ struct Stack {
 async fn stack(r: RouteCfg) -> Stack {
     let redis = RedisServer::start_new();
     let upstream = Upstream::start().await;
+    // idemgate's default retention: Zoom's 90-minute window needs more than the
+    // harness's 1h.
     let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url())
+        .dedup("retention", "72h")
         .route(r)
         .start()
         .await;
@@ -393,4 +403,278 @@ async fn slack_url_verification_answered_and_keyless_rejected() {
         )
         .await;
     st.refused(&a, 400, 0);
+}
+
+impl Stack {
+    async fn get(&self, path_and_query: &str) -> Answer {
+        self.send("GET", path_and_query, &[], b"").await
+    }
+}
+
+fn sha_key(route: &str, body: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{route}:sha256:{}", hex::encode(sha2::Sha256::digest(body)))
+}
+
+/// Meta: the GET check passes only with the verify token (forwarded by default, echoed
+/// with `handshake = "answer"`); a wrong or missing token is 403 and echoes nothing.
+/// POSTs carry `X-Hub-Signature-256` and no id: keyed by the body.
+#[tokio::test]
+async fn meta_verify_token_and_signed_posts() {
+    let secret = "meta-app-secret";
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("verify_token");
+    std::fs::write(&token_file, "meta-verify-1\n").unwrap();
+    let extra = format!(
+        "verify_token = \"file:{}\"\nhandshake = \"answer\"\n",
+        token_file.display()
+    );
+    let st = stack(route("meta", "meta", &[secret], &extra)).await;
+    let path = "/hooks/meta";
+    let check = |token: Option<&str>| {
+        let mut q = "hub.mode=subscribe&hub.challenge=1158201444".to_string();
+        if let Some(t) = token {
+            q.push_str(&format!("&hub.verify_token={t}"));
+        }
+        format!("{path}?{q}")
+    };
+    let a = st.get(&check(Some("meta-verify-1"))).await;
+    assert_eq!((a.status, a.text()), (200, "1158201444".to_string()));
+    for bad in [Some("meta-verify-2"), None] {
+        let a = st.get(&check(bad)).await;
+        st.refused(&a, 403, 0);
+        assert!(!a.text().contains("1158201444"), "echoed: {}", a.text());
+    }
+    assert_eq!(st.sidecar.requests_total("meta", "handshake").await, 1.0);
+    let body = format!(
+        r#"{{"object":"page","entry":[{{"id":"1","time":{},"messaging":[{{"mid":"{}"}}]}}]}}"#,
+        now_secs(),
+        unique_id("m")
+    )
+    .into_bytes();
+    let sign = |secret: &str, body: &[u8]| {
+        s(&py(json!({"op":"meta","secret":secret,"body_b64":b64(body)}))["signature"])
+    };
+    let h = |sig: String| vec![json_h(), ("x-hub-signature-256", sig)];
+    let a = st.post(path, &h(sign(secret, &body)), &body).await;
+    st.forwarded(&a, 1, &body, &sha_key("meta", &body));
+    let a = st.post(path, &h(sign(secret, &body)), &body).await;
+    st.replayed(&a, 1);
+    let mut tampered = body.clone();
+    tampered[3] ^= 1;
+    let a = st.post(path, &h(sign(secret, &body)), &tampered).await;
+    st.refused(&a, 401, 1);
+    let a = st.post(path, &h(sign("other", &body)), &body).await;
+    st.refused(&a, 401, 1);
+    let a = st.post(path, &[json_h()], &body).await;
+    st.refused(&a, 400, 1);
+}
+
+/// Meta's default `handshake = "forward"`: the right token reaches the application.
+#[tokio::test]
+async fn meta_verify_token_forwarded_by_default() {
+    let st = stack(route("meta", "meta", &["s"], "verify_token = \"tok\"\n")).await;
+    let q = "/hooks/meta?hub.mode=subscribe&hub.verify_token=tok&hub.challenge=42";
+    let a = st.get(q).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(st.upstream.count(), 1);
+    assert_eq!(st.upstream.last().method, "GET");
+    assert!(
+        st.upstream
+            .last()
+            .path_and_query
+            .ends_with("hub.challenge=42")
+    );
+    let a = st
+        .get("/hooks/meta?hub.mode=subscribe&hub.verify_token=x&hub.challenge=42")
+        .await;
+    st.refused(&a, 403, 1);
+}
+
+/// Discord: Ed25519 over timestamp + body under the application's public key.
+/// Interactions (PING answered `{"type":1}`, others keyed by `id`) and Webhook Events
+/// (PING answered 204, events keyed by the body) on one route; every bad signature is
+/// exactly 401.
+#[tokio::test]
+async fn discord_interactions_and_webhook_events() {
+    let k = py(json!({"op":"discord_keygen"}));
+    let other = py(json!({"op":"discord_keygen"}));
+    let public = s(&k["public_hex"]);
+    let st = stack(route(
+        "discord",
+        "discord",
+        &[&public],
+        "handshake = \"answer\"\n",
+    ))
+    .await;
+    let path = "/hooks/discord";
+    let sign = |key: &Value, ts: i64, body: &[u8]| {
+        s(&py(json!({"op":"discord","private_hex":key["private_hex"],
+            "public_hex":key["public_hex"],"ts":ts,"body_b64":b64(body)}))["signature"])
+    };
+    let h = |ts: i64, sig: String| {
+        vec![
+            json_h(),
+            ("x-signature-ed25519", sig),
+            ("x-signature-timestamp", ts.to_string()),
+        ]
+    };
+    let now = now_secs();
+    let ping = br#"{"id":"1","application_id":"9","type":1,"token":"t","version":1}"#;
+    let a = st.post(path, &h(now, sign(&k, now, ping)), ping).await;
+    assert_eq!((a.status, a.json()), (200, json!({"type":1})));
+    // Discord's probes: a bad signature, a missing one, the wrong key: exactly 401
+    let a = st.post(path, &h(now, "00".repeat(64)), ping).await;
+    st.refused(&a, 401, 0);
+    let a = st.post(path, &[json_h()], ping).await;
+    st.refused(&a, 401, 0);
+    let a = st.post(path, &h(now, sign(&other, now, ping)), ping).await;
+    st.refused(&a, 401, 0);
+    let event_ping = br#"{"version":1,"application_id":"9","type":0}"#;
+    let a = st
+        .post(path, &h(now, sign(&k, now, event_ping)), event_ping)
+        .await;
+    assert_eq!((a.status, a.body.len()), (204, 0));
+    assert_eq!(st.upstream.count(), 0);
+    assert_eq!(st.sidecar.requests_total("discord", "handshake").await, 2.0);
+    // an interaction: keyed by its id
+    let id = format!("{}", now_secs() * 1000);
+    let cmd = format!(r#"{{"id":"{id}","application_id":"9","type":2,"token":"t","version":1,"data":{{"name":"ping"}}}}"#).into_bytes();
+    let a = st.post(path, &h(now, sign(&k, now, &cmd)), &cmd).await;
+    st.forwarded(&a, 1, &cmd, &format!("discord:{id}"));
+    let a = st.post(path, &h(now, sign(&k, now, &cmd)), &cmd).await;
+    st.replayed(&a, 1);
+    // a webhook event: no id, keyed by the body; Discord's retry resends it
+    let ev = format!(
+        r#"{{"version":1,"application_id":"9","type":1,"event":{{"type":"APPLICATION_AUTHORIZED","timestamp":"{}","data":{{}}}}}}"#,
+        unique_id("t")
+    )
+    .into_bytes();
+    let a = st.post(path, &h(now, sign(&k, now, &ev)), &ev).await;
+    st.forwarded(&a, 2, &ev, &sha_key("discord", &ev));
+    let a = st
+        .post(path, &h(now + 5, sign(&k, now + 5, &ev)), &ev)
+        .await;
+    st.replayed(&a, 2);
+    // tampered, stale
+    let mut tampered = ev.clone();
+    tampered[12] ^= 1;
+    let a = st.post(path, &h(now, sign(&k, now, &ev)), &tampered).await;
+    st.refused(&a, 401, 2);
+    let old = now - 3600;
+    let a = st.post(path, &h(old, sign(&k, old, &cmd)), &cmd).await;
+    st.refused(&a, 401, 2);
+}
+
+/// Zoom: `x-zm-signature` v0; the URL validation answered with the plainToken and its
+/// HMAC; a retry keeping its first timestamp 85 minutes on still passes the default
+/// 90-minute window.
+#[tokio::test]
+async fn zoom_validation_and_retries() {
+    let secret = "zoom-secret-token";
+    let st = stack(route("zoom", "zoom", &[secret], "handshake = \"answer\"\n")).await;
+    let path = "/hooks/zoom";
+    let sign = |secret: &str, ts: i64, body: &[u8]| {
+        s(&py(json!({"op":"zoom","secret":secret,"ts":ts,"body_b64":b64(body)}))["signature"])
+    };
+    let h = |ts: i64, sig: String| {
+        vec![
+            json_h(),
+            ("x-zm-signature", sig),
+            ("x-zm-request-timestamp", ts.to_string()),
+        ]
+    };
+    let now = now_secs();
+    let plain = "qgg8vlvZRS6UYooatFL8Aw";
+    let v = format!(
+        r#"{{"payload":{{"plainToken":"{plain}"}},"event_ts":{},"event":"endpoint.url_validation"}}"#,
+        now * 1000
+    )
+    .into_bytes();
+    let a = st.post(path, &h(now, sign(secret, now, &v)), &v).await;
+    let want = s(&py(json!({"op":"zoom","secret":secret,"plain":plain}))["encrypted"]);
+    assert_eq!(
+        (a.status, a.json()),
+        (200, json!({"plainToken": plain, "encryptedToken": want}))
+    );
+    let a = st.post(path, &h(now, sign("x", now, &v)), &v).await;
+    st.refused(&a, 401, 0);
+    let a = st.post(path, &[json_h()], &v).await;
+    st.refused(&a, 401, 0);
+    let body = format!(
+        r#"{{"event":"meeting.started","payload":{{"account_id":"a","object":{{"id":"{}"}}}},"event_ts":{}}}"#,
+        unique_id("m"),
+        now * 1000
+    )
+    .into_bytes();
+    let sig = sign(secret, now, &body);
+    let a = st.post(path, &h(now, sig.clone()), &body).await;
+    st.forwarded(&a, 1, &body, &sha_key("zoom", &body));
+    // Zoom's last retry, 85 minutes on, resending the first attempt's signed headers
+    let first = now - 85 * 60;
+    let a = st
+        .post(path, &h(first, sign(secret, first, &body)), &body)
+        .await;
+    st.replayed(&a, 1);
+    let stale = now - 100 * 60;
+    let a = st
+        .post(path, &h(stale, sign(secret, stale, &body)), &body)
+        .await;
+    st.refused(&a, 401, 1);
+    let mut tampered = body.clone();
+    tampered[4] ^= 1;
+    let a = st.post(path, &h(now, sig.clone()), &tampered).await;
+    st.refused(&a, 401, 1);
+    let a = st.post(path, &h(now, sign("x", now, &body)), &body).await;
+    st.refused(&a, 401, 1);
+    let a = st
+        .post(
+            path,
+            &[json_h(), ("x-zm-request-timestamp", now.to_string())],
+            &body,
+        )
+        .await;
+    st.refused(&a, 400, 1);
+}
+
+/// X (Account Activity): CRC answered for tokens of X's shape and refused for
+/// body-shaped ones; POSTs signed with `x-twitter-webhooks-signature`, keyed by the body.
+#[tokio::test]
+async fn twitter_crc_and_signed_posts() {
+    let secret = "consumer-secret";
+    let st = stack(route("x", "twitter", &[secret], "handshake = \"answer\"\n")).await;
+    let path = "/hooks/x";
+    let token = "MjE1NDc2MjY4OTk0NTc2MTA1Mg==";
+    let a = st
+        .get(&format!("{path}?crc_token={}", token.replace('=', "%3D")))
+        .await;
+    let want = s(&py(json!({"op":"twitter","secret":secret,"crc_token":token}))["signature"]);
+    assert_eq!((a.status, a.json()), (200, json!({"response_token": want})));
+    // a token that could be a body (JSON), or too long: refused, nothing signed
+    for bad in ["%7B%22a%22%3A1%7D", &"A".repeat(129), "a%20b"] {
+        let a = st.get(&format!("{path}?crc_token={bad}")).await;
+        st.refused(&a, 400, 0);
+        assert!(!a.text().contains("response_token"));
+    }
+    let sign = |secret: &str, body: &[u8]| {
+        s(&py(json!({"op":"twitter","secret":secret,"body_b64":b64(body)}))["signature"])
+    };
+    let h = |sig: String| vec![json_h(), ("x-twitter-webhooks-signature", sig)];
+    let body = format!(
+        r#"{{"for_user_id":"2244994945","tweet_create_events":[{{"id_str":"{}"}}]}}"#,
+        unique_id("t")
+    )
+    .into_bytes();
+    let a = st.post(path, &h(sign(secret, &body)), &body).await;
+    st.forwarded(&a, 1, &body, &sha_key("x", &body));
+    let a = st.post(path, &h(sign(secret, &body)), &body).await;
+    st.replayed(&a, 1);
+    let mut tampered = body.clone();
+    tampered[5] ^= 1;
+    let a = st.post(path, &h(sign(secret, &body)), &tampered).await;
+    st.refused(&a, 401, 1);
+    let a = st.post(path, &h(sign("other", &body)), &body).await;
+    st.refused(&a, 401, 1);
+    let a = st.post(path, &[json_h()], &body).await;
+    st.refused(&a, 400, 1);
 }
