@@ -77,3 +77,61 @@ impl Route {
         self.keyless == KeylessPolicy::Forward
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::{build_route, routes};
+
+    fn built(lines: &str) -> Result<Route, String> {
+        let text = format!("[[route]]\nname = \"r\"\npath = \"/r\"\n{lines}\n");
+        let (c, _) = routes::from_toml_with_env(&text, |_| None).map_err(|e| e.field)?;
+        build_route(&c.routes[0], &c).map_err(|e| e.field)
+    }
+
+    #[test]
+    fn handshake_and_verify_token_only_where_the_provider_sends_them() {
+        assert_eq!(
+            built("provider = \"github\"\nsecrets = [\"s\"]\nhandshake = \"answer\"").err(),
+            Some("route[0].handshake".into())
+        );
+        assert_eq!(
+            built("provider = \"slack\"\nsecrets = [\"s\"]\nverify_token = \"t\"").err(),
+            Some("route[0].verify_token".into())
+        );
+        assert_eq!(
+            built("provider = \"slack\"\nsecrets = [\"s\"]\nhandshake = \"echo\"").err(),
+            Some("route[0].handshake".into())
+        );
+        assert_eq!(
+            built("provider = \"slack\"\nsecrets = [\"s\"]\nkeyless = \"drop\"").err(),
+            Some("route[0].keyless".into())
+        );
+        for p in ["slack", "zoom", "twitter", "meta"] {
+            let r = built(&format!(
+                "provider = \"{p}\"\nsecrets = [\"s\"]\nhandshake = \"answer\""
+            ));
+            assert!(r.is_ok_and(|r| r.has_handshakes()), "{p}");
+        }
+    }
+
+    #[test]
+    fn keyless_defaults_per_preset_and_overrides() {
+        let slack = built("provider = \"slack\"\nsecrets = [\"s\"]").unwrap();
+        assert!(slack.forwards_keyless());
+        let gh = built("provider = \"github\"\nsecrets = [\"s\"]").unwrap();
+        assert!(!gh.forwards_keyless() && !gh.has_handshakes());
+        let slack = built("provider = \"slack\"\nsecrets = [\"s\"]\nkeyless = \"reject\"").unwrap();
+        assert!(!slack.forwards_keyless());
+        let st =
+            built("provider = \"standard\"\nsecrets = [\"whsec_c2VjcmV0\"]\nkeyless = \"forward\"")
+                .unwrap();
+        assert!(st.forwards_keyless());
+    }
+
+    #[test]
+    fn zoom_defaults_to_a_window_its_retries_fit() {
+        let z = built("provider = \"zoom\"\nsecrets = [\"s\"]").unwrap();
+        assert_eq!(z.tolerance(), Some(std::time::Duration::from_secs(5400)));
+    }
+}
