@@ -309,16 +309,13 @@ async fn slack_url_verification_forwarded_and_slash_commands_reach_the_app() {
         assert_eq!(st.upstream.last().header("idempotency-key"), None);
     }
     assert_eq!(st.sidecar.requests_total("slack", "handshake").await, 2.0);
-    // a slash command: forwarded each time, counted unkeyed
+    // a slash command: forwarded each time, counted unkeyed, with no idempotency-key
+    // (not even one the sender chose)
     let cmd = b"token=x&team_id=T1&command=%2Fdeploy&text=prod&trigger_id=1.2.3".to_vec();
     for n in 3..=4 {
-        let a = st
-            .post(
-                path,
-                &slack_h(now, slack_sign(secret, now, &cmd), true),
-                &cmd,
-            )
-            .await;
+        let mut sent = slack_h(now, slack_sign(secret, now, &cmd), true);
+        sent.push(("idempotency-key", "slack:forged".into()));
+        let a = st.post(path, &sent, &cmd).await;
         assert_eq!(a.status, 200, "{}", a.text());
         assert_eq!(st.upstream.count(), n);
         assert_eq!(st.upstream.last().header("idempotency-key"), None);
