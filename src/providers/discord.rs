@@ -12,12 +12,15 @@ use super::common::check_timestamp;
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
+/// Discord's Ed25519 check, with every configured application public key (rotation).
 pub struct Discord {
     keys: Vec<VerifyingKey>,
     tolerance: i64,
 }
 
 impl Discord {
+    /// Parses each secret as a hex Ed25519 public key; `tolerance` bounds the signed
+    /// timestamp.
     pub fn new(secrets: &[Secret], tolerance: Duration) -> Result<Self, FieldError> {
         let mut keys = Vec::new();
         for (j, s) in secrets.iter().enumerate() {
@@ -41,6 +44,7 @@ impl Discord {
     }
 }
 
+/// Any failure as a 401 (see the module doc).
 fn invalid(e: SignatureError) -> SignatureError {
     match e {
         SignatureError::Malformed(m) | SignatureError::Invalid(m) => SignatureError::Invalid(m),

@@ -35,6 +35,7 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A 200 JSON reply (Zoom's tokens, Discord's PONG, X's response token).
     fn json(v: serde_json::Value) -> Reply {
         Reply {
             status: StatusCode::OK,
@@ -43,6 +44,7 @@ impl Reply {
         }
     }
 
+    /// A 200 `text/plain` reply (Slack's and Meta's challenge echo).
     fn text(t: &str) -> Reply {
         Reply {
             status: StatusCode::OK,
@@ -66,13 +68,13 @@ pub(super) struct Handshakes {
 const MAX_CHALLENGE: usize = 256;
 
 /// The longest `crc_token` answered.
-pub const MAX_CRC_TOKEN: usize = 128;
+const MAX_CRC_TOKEN: usize = 128;
 
 /// Whether `token` has the shape of the CRC tokens X sends: 1 to `MAX_CRC_TOKEN`
 /// characters of the base64 and base64url alphabets (`A-Z a-z 0-9 + / = - _`). No body X
 /// signs (JSON, starting with `{`) has that shape, so answering such a token never
 /// signs anything X could have sent.
-pub fn crc_token_shape(token: &str) -> bool {
+fn crc_token_shape(token: &str) -> bool {
     !token.is_empty()
         && token.len() <= MAX_CRC_TOKEN
         && token
@@ -80,6 +82,7 @@ pub fn crc_token_shape(token: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"+/=-_".contains(&b))
 }
 
+/// One decoded query parameter (the first of that name).
 fn query_param(query: Option<&str>, name: &str) -> Option<String> {
     form_urlencoded::parse(query?.as_bytes())
         .find(|(k, _)| k == name)
@@ -197,6 +200,7 @@ impl Handshakes {
             && serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|d| discord_event(&d))
     }
 
+    /// The reply, built only when the route answers handshakes itself.
     fn answering(&self, reply: impl FnOnce() -> Reply) -> Option<Reply> {
         (self.mode == HandshakeMode::Answer).then(reply)
     }

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Config, HandshakeMode, KeylessPolicy, RouteConfig};
 pub use admit::Admission;
-pub use handshake::{MAX_CRC_TOKEN, Reply, crc_token_shape};
+pub use handshake::Reply;
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
 pub use presets::PROVIDERS;
 pub use routes::{Routes, from_toml_with_env, load};
