@@ -167,6 +167,9 @@ async fn svix_spelled_standard_webhooks_forwarded_once() {
     let path = "/hooks/clerk";
     let id = unique_id("msg");
     let body = format!(r#"{{"type":"user.created","data":{{"id":"{id}"}}}}"#).into_bytes();
+    // a preset without handshakes and a rejecting `keyless` exports neither outcome
+    let m = st.sidecar.metrics().await;
+    assert!(!m.contains("outcome=\"handshake\"") && !m.contains("outcome=\"unkeyed\""));
     let sign = |secret: &str, id: &str, ts: i64, body: &[u8], check: bool| {
         s(&py(
             json!({"op":"svix","secret":secret,"id":id,"ts":ts,"body_b64":b64(body),"check":check}),
@@ -271,6 +274,18 @@ async fn slack_url_verification_forwarded_and_slash_commands_reach_the_app() {
     let st = stack(route("slack", "slack", &[secret], "")).await;
     let path = "/hooks/slack";
     let now = now_secs();
+    // both outcomes exported from start, at 0, on a Slack route
+    let m = st.sidecar.metrics().await;
+    for o in ["handshake", "unkeyed"] {
+        let label = format!("outcome=\"{o}\"");
+        assert!(
+            m.lines().any(|l| l.starts_with("idemgate_requests_total{")
+                && l.contains(&label)
+                && l.contains("route=\"slack\"")
+                && l.ends_with(" 0")),
+            "{o} not exported at 0"
+        );
+    }
     let challenge = unique_id("chal");
     let body = format!(
         r#"{{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"{challenge}","type":"url_verification"}}"#
