@@ -690,3 +690,50 @@ async fn twitter_crc_and_signed_posts() {
     let a = st.post(path, &[json_h()], &body).await;
     st.refused(&a, 400, 1);
 }
+
+/// With the default `handshake = "forward"`, Discord's PING, Zoom's URL validation and
+/// X's CRC reach the application (unclaimed, each time) and its answer goes back.
+#[tokio::test]
+async fn handshakes_forwarded_by_default_reach_the_application() {
+    let now = now_secs();
+    let k = py(json!({"op":"discord_keygen"}));
+    let st = stack(route("discord", "discord", &[&s(&k["public_hex"])], "")).await;
+    let ping = br#"{"id":"1","application_id":"9","type":1,"token":"t","version":1}"#;
+    let sig = s(&py(json!({"op":"discord","private_hex":k["private_hex"],
+        "public_hex":k["public_hex"],"ts":now,"body_b64":b64(ping)}))["signature"]);
+    let h = vec![
+        json_h(),
+        ("x-signature-ed25519", sig),
+        ("x-signature-timestamp", now.to_string()),
+    ];
+    for n in 1..=2 {
+        let a = st.post("/hooks/discord", &h, ping).await;
+        assert_eq!((a.status, a.body.as_slice()), (200, UPSTREAM_OK));
+        assert_eq!(st.upstream.count(), n);
+    }
+    assert_eq!(st.sidecar.requests_total("discord", "handshake").await, 2.0);
+
+    let st = stack(route("zoom", "zoom", &["zt"], "")).await;
+    let v = br#"{"payload":{"plainToken":"p"},"event_ts":1,"event":"endpoint.url_validation"}"#;
+    let sig = s(&py(json!({"op":"zoom","secret":"zt","ts":now,"body_b64":b64(v)}))["signature"]);
+    let h = vec![
+        json_h(),
+        ("x-zm-signature", sig),
+        ("x-zm-request-timestamp", now.to_string()),
+    ];
+    let a = st.post("/hooks/zoom", &h, v).await;
+    assert_eq!((a.status, st.upstream.count()), (200, 1));
+    assert_eq!(&st.upstream.last().body[..], &v[..]);
+
+    let st = stack(route("x", "twitter", &["cs"], "")).await;
+    let a = st.get("/hooks/x?crc_token=abcDEF123").await;
+    assert_eq!((a.status, st.upstream.count()), (200, 1));
+    assert!(
+        st.upstream
+            .last()
+            .path_and_query
+            .ends_with("crc_token=abcDEF123")
+    );
+    let a = st.get("/hooks/x?crc_token=%7B%7D").await;
+    st.refused(&a, 400, 1);
+}
