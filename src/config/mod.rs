@@ -232,7 +232,9 @@ pub struct CustomFields {
     pub timestamp_header: Option<String>,
     pub signed: Option<String>,
     pub public_url: Option<String>,
+    /// Presets with handshakes: forward (default) or answer them.
     pub handshake: Option<HandshakeMode>,
+    /// `meta`: the token its GET verification must carry.
     pub verify_token: Option<Secret>,
 }
 
