@@ -133,15 +133,8 @@ impl Upstream {
         {
             headers.insert(header::HOST, authority);
         }
-        match out.idempotency_key {
-            Some(k) => {
-                headers.insert(HeaderName::from_static("idempotency-key"), k);
-            }
-            // Unclaimed (a handshake, a keyless request): the application gets no key,
-            // and none that the sender chose.
-            None => {
-                headers.remove("idempotency-key");
-            }
+        if let Some(k) = out.idempotency_key {
+            headers.insert(HeaderName::from_static("idempotency-key"), k);
         }
         let call = async {
             let resp = self

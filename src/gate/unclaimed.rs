@@ -25,7 +25,9 @@ pub(super) struct Unclaimed<'a> {
 }
 
 impl<S: Store> Gate<S> {
-    /// Forwards a request that has no key to claim (a handshake, a keyless request).
+    /// Forwards a request that has no key to claim (a handshake, a keyless request),
+    /// without any `idempotency-key`, not even one its sender set: that header always
+    /// means a key idemgate claimed.
     pub(super) async fn unclaimed(
         &self,
         outcome: Outcome,
@@ -34,6 +36,14 @@ impl<S: Store> Gate<S> {
         parts: &http::request::Parts,
         body: Bytes,
     ) -> (Outcome, Answer) {
+        let mut stripped;
+        let parts = if parts.headers.contains_key("idempotency-key") {
+            stripped = parts.clone();
+            stripped.headers.remove("idempotency-key");
+            &stripped
+        } else {
+            parts
+        };
         let u = Unclaimed {
             outcome,
             route,
