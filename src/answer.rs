@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use crate::metrics::Outcome;
-use crate::providers::{IdentifyError, KeyError, SignatureError};
+use crate::providers::{IdentifyError, KeyError, Reply, SignatureError};
 use crate::store::StoredResponse;
 use crate::upstream::{self, UpstreamError, UpstreamResponse};
 
@@ -74,7 +74,15 @@ pub fn identify_error_answer(r: &IdentifyError) -> ErrorAnswer {
             "invalid_signature",
             *m,
         ),
-        IdentifyError::Key(k @ (KeyError::Missing(_) | KeyError::Invalid(_))) => ErrorAnswer::new(
+        IdentifyError::Forbidden(m) => ErrorAnswer::new(
+            Outcome::InvalidSignature,
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            *m,
+        ),
+        IdentifyError::Key(
+            k @ (KeyError::Missing(_) | KeyError::Invalid(_) | KeyError::NotJson),
+        ) => ErrorAnswer::new(
             Outcome::BadRequest,
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -131,6 +139,17 @@ pub fn upstream_answer(r: UpstreamResponse) -> Answer {
     let mut resp = Response::new(Full::new(r.body));
     *resp.status_mut() = r.status;
     *resp.headers_mut() = r.headers;
+    resp
+}
+
+/// idemgate's own answer to a provider's URL check (`handshake = "answer"`).
+pub fn handshake_answer(reply: Reply) -> Answer {
+    let mut resp = Response::new(Full::new(reply.body));
+    *resp.status_mut() = reply.status;
+    if let Some(ct) = reply.content_type {
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    }
     resp
 }
 

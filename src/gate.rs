@@ -17,16 +17,18 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::config::{Config, InFlightPolicy, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
-use crate::providers::{self, Route};
+use crate::providers::{self, Admission, Route};
 use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
 use crate::upstream::{Outgoing, Upstream};
 
+/// Forwarding without a claim: handshakes, keyless requests, a bypassed store.
+mod unclaimed;
 /// The answer to a completion replicas did not confirm.
 mod unconfirmed;
 
 use crate::answer::{
-    Answer, ErrorAnswer, error_answer, identify_error_answer, replay_answer, retry_after_secs,
-    upstream_answer, upstream_error_answer,
+    Answer, ErrorAnswer, error_answer, handshake_answer, identify_error_answer, replay_answer,
+    retry_after_secs, upstream_answer, upstream_error_answer,
 };
 use crate::store::lease::{self, LeaseEvent};
 use crate::store::log::ClaimLog;
@@ -146,12 +148,20 @@ impl<S: Store> Gate<S> {
         let mut routes = HashMap::with_capacity(config.routes.len());
         for (i, rc) in config.routes.iter().enumerate() {
             let route = built.route(config, i)?;
-            let metrics = metrics.route(&rc.name, RouteKind::of(rc, config.store.on_error));
+            let mut also = Vec::new();
+            if route.has_handshakes() {
+                also.push(Outcome::Handshake);
+            }
+            if route.forwards_keyless() {
+                also.push(Outcome::Unkeyed);
+            }
+            let kind = RouteKind::of(rc, config.store.on_error);
+            let metrics = metrics.route(&rc.name, kind, &also);
             routes.insert(rc.path.clone(), RouteEntry { route, metrics });
         }
         Ok(Gate {
             routes,
-            no_route: metrics.route("-", RouteKind::Unmatched),
+            no_route: metrics.route("-", RouteKind::Unmatched, &[]),
             store,
             upstream: Upstream::new(
                 &config.upstream,
@@ -313,8 +323,22 @@ impl<S: Store> Gate<S> {
         };
 
         // verify + identify: pure, before anything touches the store.
-        let identity = match route.identify(&parts.headers, parts.uri.query(), &body, unix_now()) {
-            Ok(v) => v,
+        let h = &parts.headers;
+        let identity = match route.admit(&parts.method, h, parts.uri.query(), &body, unix_now()) {
+            Ok(Admission::Delivery(v)) => v,
+            Ok(Admission::Handshake(Some(reply))) => {
+                return (Outcome::Handshake, handshake_answer(reply));
+            }
+            Ok(Admission::Handshake(None)) => {
+                return self
+                    .unclaimed(Outcome::Handshake, route, rm, &parts, body)
+                    .await;
+            }
+            Ok(Admission::Unkeyed) => {
+                return self
+                    .unclaimed(Outcome::Unkeyed, route, rm, &parts, body)
+                    .await;
+            }
             Err(refused) => {
                 let r = identify_error_answer(&refused);
                 return (r.outcome, error_answer(&r));
@@ -503,20 +527,15 @@ impl<S: Store> Gate<S> {
                 (r.outcome, error_answer(&r))
             }
             OnStoreError::Pass => {
-                let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
-                let t = Instant::now();
-                let result = self
-                    .upstream
-                    .forward(self.outgoing(parts, body, &pq, upstream_key))
-                    .await;
-                rm.upstream.observe(t.elapsed().as_secs_f64());
-                match result {
-                    Ok(resp) => (Outcome::Bypassed, upstream_answer(resp)),
-                    Err(e) => {
-                        let r = upstream_error_answer(&e);
-                        (r.outcome, error_answer(&r))
-                    }
-                }
+                let pass = unclaimed::Unclaimed {
+                    outcome: Outcome::Bypassed,
+                    route,
+                    rm,
+                    parts,
+                    body,
+                    upstream_key,
+                };
+                self.forward_unclaimed(pass).await
             }
         }
     }

@@ -169,6 +169,24 @@ pub enum InFlightPolicy {
     Wait,
 }
 
+/// What a route does with a verified handshake (a provider's URL check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeMode {
+    /// Forward it to the application, unclaimed.
+    Forward,
+    /// Answer it from the route's secret, without the application.
+    Answer,
+}
+
+/// What a route does with a signed request that holds no idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeylessPolicy {
+    /// Forward it without de-duplication.
+    Forward,
+    /// Refuse it (400).
+    Reject,
+}
+
 #[derive(Debug, Clone)]
 pub struct DedupConfig {
     pub lease: Duration,
@@ -196,6 +214,8 @@ pub struct RouteConfig {
     pub tolerance: Option<Duration>,
     pub key: Option<String>,
     pub upstream_path: Option<String>,
+    /// `keyless`, when set; otherwise the preset's default.
+    pub keyless: Option<KeylessPolicy>,
     pub custom: CustomFields,
     /// Keep the request (size-capped, for `retention`) for an operator's replay.
     pub keep_payload: bool,
@@ -212,6 +232,10 @@ pub struct CustomFields {
     pub timestamp_header: Option<String>,
     pub signed: Option<String>,
     pub public_url: Option<String>,
+    /// Presets with handshakes: forward (default) or answer them.
+    pub handshake: Option<HandshakeMode>,
+    /// `meta`: the token its GET verification must carry.
+    pub verify_token: Option<Secret>,
 }
 
 impl Config {

@@ -78,6 +78,12 @@ pub(super) struct RawRoute {
     pub(super) signed: Option<String>,
     // `twilio`
     pub(super) public_url: Option<String>,
+    /// Presets with handshakes: `forward` (default) or `answer` (docs/providers.md).
+    pub(super) handshake: Option<String>,
+    /// A signed request holding no key: `forward` undeduplicated or `reject`.
+    pub(super) keyless: Option<String>,
+    /// `meta`: the token Meta's GET verification request must carry.
+    pub(super) verify_token: Option<String>,
     // `mode = "async"` (docs/async.md)
     pub(super) mode: Option<String>,
     pub(super) ack_status: Option<u16>,

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{Config, InFlightPolicy, OnStoreError, RouteMode, Secret, StoreUrl};
+use super::{
+    Config, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteMode, Secret, StoreUrl,
+};
 
 impl Secret {
     /// How the entry is shown: its ID (not secret) and its redacted source.
@@ -123,7 +125,26 @@ impl Config {
                 let _ = writeln!(out, "backoff = {}", q(&d(a.backoff)));
                 let _ = writeln!(out, "max_backoff = {}", q(&d(a.max_backoff)));
             }
+            if let Some(k) = r.keyless {
+                let v = if k == KeylessPolicy::Forward {
+                    "forward"
+                } else {
+                    "reject"
+                };
+                let _ = writeln!(out, "keyless = {}", q(v));
+            }
             let c = &r.custom;
+            if let Some(h) = c.handshake {
+                let v = if h == HandshakeMode::Answer {
+                    "answer"
+                } else {
+                    "forward"
+                };
+                let _ = writeln!(out, "handshake = {}", q(v));
+            }
+            if let Some(t) = &c.verify_token {
+                let _ = writeln!(out, "verify_token = {}", q(&t.display()));
+            }
             for (name, v) in [
                 ("signature_header", &c.signature_header),
                 ("hash", &c.hash),

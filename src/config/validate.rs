@@ -11,8 +11,9 @@ use super::parse::{
 };
 use super::raw::{RawConfig, RawRoute};
 use super::{
-    AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, InFlightPolicy,
-    OnStoreError, RouteConfig, RouteMode, StoreConfig, StoreUrl, bounds, redact_url,
+    AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, HandshakeMode,
+    InFlightPolicy, KeylessPolicy, OnStoreError, RouteConfig, RouteMode, StoreConfig, StoreUrl,
+    bounds, redact_url,
 };
 
 /// A route's `mode` and, for `async`, its acknowledgement and delivery policy; the
@@ -304,8 +305,35 @@ pub(super) fn validate(
                 "must start with / and hold no query",
             ));
         }
+        let handshake = match &r.handshake {
+            Some(h) => Some(one_of(
+                &at("handshake"),
+                h,
+                &[
+                    ("forward", HandshakeMode::Forward),
+                    ("answer", HandshakeMode::Answer),
+                ],
+            )?),
+            None => None,
+        };
+        let keyless = match &r.keyless {
+            Some(k) => Some(one_of(
+                &at("keyless"),
+                k,
+                &[
+                    ("forward", KeylessPolicy::Forward),
+                    ("reject", KeylessPolicy::Reject),
+                ],
+            )?),
+            None => None,
+        };
+        let verify_token = match &r.verify_token {
+            Some(t) => Some(resolve_secret(&at("verify_token"), t, env)?),
+            None => None,
+        };
         routes.push(RouteConfig {
             mode,
+            keyless,
             name,
             path,
             provider,
@@ -322,6 +350,8 @@ pub(super) fn validate(
                 timestamp_header: r.timestamp_header,
                 signed: r.signed,
                 public_url: r.public_url,
+                handshake,
+                verify_token,
             },
         });
     }

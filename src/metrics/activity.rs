@@ -12,7 +12,8 @@ pub const SERIES: [&str; 5] = ["forwarded", "replayed", "in_flight", "rejected",
 /// Which series an outcome counts in (`failed`: the upstream answered non-2xx or not at all).
 fn series_of(o: Outcome) -> usize {
     match o {
-        Outcome::Forwarded | Outcome::Bypassed => 0,
+        // handshakes and keyless requests pass through (or are answered), unclaimed
+        Outcome::Forwarded | Outcome::Bypassed | Outcome::Handshake | Outcome::Unkeyed => 0,
         Outcome::Replayed => 1,
         Outcome::InFlight => 2,
         Outcome::UpstreamError => 4,

@@ -36,10 +36,15 @@ pub enum Outcome {
     Queued,
     /// An async route's queue held `max_queue` entries: 503 + Retry-After.
     QueueFull,
+    /// A provider's URL check (Slack's challenge, Meta's GET, ...): answered or
+    /// forwarded, never claimed.
+    Handshake,
+    /// A signed request holding no key, forwarded without de-duplication (`keyless`).
+    Unkeyed,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 17] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -55,6 +60,8 @@ impl Outcome {
         Outcome::ClientTimeout,
         Outcome::Queued,
         Outcome::QueueFull,
+        Outcome::Handshake,
+        Outcome::Unkeyed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +81,8 @@ impl Outcome {
             Outcome::ClientTimeout => "client_timeout",
             Outcome::Queued => "queued",
             Outcome::QueueFull => "queue_full",
+            Outcome::Handshake => "handshake",
+            Outcome::Unkeyed => "unkeyed",
         }
     }
 
@@ -82,9 +91,13 @@ impl Outcome {
     }
 
     /// Whether a route of `kind` can end a delivery with this outcome: only those
-    /// series are exported, so none sits at 0 forever.
+    /// series are exported, so none sits at 0 forever. `handshake` and `unkeyed` depend
+    /// on the route's provider: `Metrics::route` takes them in `also`.
     pub fn possible(self, kind: RouteKind) -> bool {
         use Outcome::*;
+        if matches!(self, Handshake | Unkeyed) {
+            return false;
+        }
         match kind {
             RouteKind::Unmatched => matches!(self, NoRoute | Overloaded),
             RouteKind::Sync { pass } => match self {
@@ -400,14 +413,15 @@ impl Metrics {
     }
 
     /// Resolves a route's handles (route `-` for requests that match no route),
-    /// creating at 0 exactly the series a route of `kind` can move.
-    pub fn route(&self, name: &str, kind: RouteKind) -> RouteMetrics {
+    /// creating at 0 exactly the series a route of `kind` can move, plus those in
+    /// `also` (the provider-dependent `handshake` and `unkeyed`).
+    pub fn route(&self, name: &str, kind: RouteKind, also: &[Outcome]) -> RouteMetrics {
         let sync = matches!(kind, RouteKind::Sync { .. });
         RouteMetrics {
             requests: Outcome::ALL
                 .iter()
                 .map(|o| {
-                    o.possible(kind).then(|| {
+                    (o.possible(kind) || also.contains(o)).then(|| {
                         (
                             self.requests.with_label_values(&[name, o.as_str()]),
                             self.request_duration.with_label_values(&[name, o.as_str()]),

@@ -208,6 +208,29 @@ impl HmacScheme {
         })
     }
 
+    /// Zoom: `x-zm-signature: v0=<hex HMAC-SHA256(secret token, "v0:{ts}:{body}")>` with
+    /// `x-zm-request-timestamp` inside the window.
+    pub fn zoom(secrets: &[Secret], tolerance: Duration) -> Result<Self, FieldError> {
+        Ok(HmacScheme {
+            header: HeaderName::from_static("x-zm-signature"),
+            timestamp: Some((
+                HeaderName::from_static("x-zm-request-timestamp"),
+                secs(tolerance),
+            )),
+            ..Self::slack(secrets, tolerance)?
+        })
+    }
+
+    /// X (Account Activity): `x-twitter-webhooks-signature: sha256=<base64
+    /// HMAC-SHA256(consumer secret, body)>`.
+    pub fn twitter(secrets: &[Secret]) -> Result<Self, FieldError> {
+        Ok(HmacScheme {
+            header: HeaderName::from_static("x-twitter-webhooks-signature"),
+            encoding: Encoding::Base64,
+            ..Self::github(secrets)?
+        })
+    }
+
     /// A `custom` route: every setting from its fields.
     pub fn custom(
         secrets: &[Secret],

@@ -16,10 +16,16 @@ pub const MAX_KEY_LEN: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     Header(HeaderName),
+    /// A header under either of two spellings (`webhook-id` or Svix's `svix-id`):
+    /// both present with different values is refused.
+    Aliased(HeaderName, HeaderName),
     /// A JSON Pointer (RFC 6901) into the body.
     Json(String),
     /// A field of an `application/x-www-form-urlencoded` body.
     Form(String),
+    /// `content`: `sha256:<hex of the body>`, for providers whose deliveries carry no
+    /// id and whose retries resend the same body.
+    Content,
     /// Several sources, all required, joined (see the module doc).
     Composite(Vec<KeySource>),
 }
@@ -31,9 +37,35 @@ pub enum KeyError {
     Missing(String),
     #[error("the idempotency key is unusable: {0}")]
     Invalid(&'static str),
+    /// A JSON key source on a body that is not JSON (Slack's form-encoded posts).
+    #[error("the idempotency key is unusable: the body is not valid JSON")]
+    NotJson,
+}
+
+impl KeyError {
+    /// Whether the request simply holds no key (as opposed to a malformed one): such a
+    /// signed request follows the route's `keyless` policy.
+    pub fn is_keyless(&self) -> bool {
+        matches!(self, KeyError::Missing(_) | KeyError::NotJson)
+    }
 }
 
 impl KeySource {
+    /// The same source with each header named in `aliases` (name, other spelling) read
+    /// under either spelling.
+    pub fn with_aliases(self, aliases: &[(&str, &'static str)]) -> KeySource {
+        match self {
+            KeySource::Header(h) => match aliases.iter().find(|(a, _)| *a == h.as_str()) {
+                Some((_, b)) => KeySource::Aliased(h, HeaderName::from_static(b)),
+                None => KeySource::Header(h),
+            },
+            KeySource::Composite(parts) => {
+                KeySource::Composite(parts.into_iter().map(|p| p.with_aliases(aliases)).collect())
+            }
+            other => other,
+        }
+    }
+
     pub fn parse(text: &str) -> Result<KeySource, String> {
         let parts = split_composite(text);
         if parts.len() == 1 {
@@ -47,6 +79,9 @@ impl KeySource {
     }
 
     fn parse_one(text: &str) -> Result<KeySource, String> {
+        if text == "content" {
+            return Ok(KeySource::Content);
+        }
         let (kind, arg) = text
             .split_once(':')
             .ok_or_else(|| format!("`{text}` is not header:NAME, json:/pointer or form:FIELD"))?;
@@ -69,6 +104,8 @@ impl KeySource {
     pub fn describe(&self) -> String {
         match self {
             KeySource::Header(h) => format!("header {h}"),
+            KeySource::Aliased(a, b) => format!("header {a} or {b}"),
+            KeySource::Content => "the body's SHA-256".to_string(),
             KeySource::Json(p) => format!("JSON {p}"),
             KeySource::Form(f) => format!("form field {f}"),
             KeySource::Composite(parts) => parts
@@ -84,7 +121,8 @@ impl KeySource {
     pub fn headers(&self) -> Vec<&HeaderName> {
         match self {
             KeySource::Header(h) => vec![h],
-            KeySource::Json(_) | KeySource::Form(_) => vec![],
+            KeySource::Aliased(a, b) => vec![a, b],
+            KeySource::Json(_) | KeySource::Form(_) | KeySource::Content => vec![],
             KeySource::Composite(parts) => parts.iter().flat_map(KeySource::headers).collect(),
         }
     }
@@ -112,6 +150,26 @@ impl KeySource {
                 }
                 joined
             }
+            KeySource::Content => {
+                format!("sha256:{}", hex::encode(super::fingerprint_body(body)))
+            }
+            KeySource::Aliased(a, b) => {
+                let one = KeySource::Header(a.clone()).extract_unchecked(headers, body);
+                let other = KeySource::Header(b.clone()).extract_unchecked(headers, body);
+                match (one, other) {
+                    (Ok(x), Ok(y)) if x != y => {
+                        return Err(KeyError::Invalid(
+                            "the key is sent under both header spellings with different values",
+                        ));
+                    }
+                    (Ok(x), Ok(_) | Err(KeyError::Missing(_)))
+                    | (Err(KeyError::Missing(_)), Ok(x)) => x,
+                    (Err(KeyError::Missing(_)), Err(KeyError::Missing(_))) => {
+                        return Err(missing());
+                    }
+                    (Err(e), _) | (_, Err(e)) => return Err(e),
+                }
+            }
             KeySource::Header(name) => {
                 let mut values = headers.get_all(name).iter();
                 let first = values.next().ok_or_else(missing)?;
@@ -126,8 +184,8 @@ impl KeySource {
                     .to_string()
             }
             KeySource::Json(pointer) => {
-                let doc: serde_json::Value = serde_json::from_slice(body)
-                    .map_err(|_| KeyError::Invalid("the body is not valid JSON"))?;
+                let doc: serde_json::Value =
+                    serde_json::from_slice(body).map_err(|_| KeyError::NotJson)?;
                 match doc.pointer(pointer) {
                     None | Some(serde_json::Value::Null) => return Err(missing()),
                     Some(serde_json::Value::String(s)) => s.clone(),
@@ -304,14 +362,11 @@ mod tests {
             s.extract(&e, br#"{"id":"a\u0000b"}"#),
             Err(KeyError::Invalid(_))
         ));
-        assert!(matches!(
-            s.extract(&e, b"not json"),
-            Err(KeyError::Invalid(_))
-        ));
+        assert!(matches!(s.extract(&e, b"not json"), Err(KeyError::NotJson)));
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         assert!(matches!(
             s.extract(&e, deep.as_bytes()),
-            Err(KeyError::Invalid(_))
+            Err(KeyError::NotJson)
         ));
     }
 

@@ -5,11 +5,14 @@
 //! signed). `build_route` expands the preset once, at start, into a `Route` whose
 //! pieces are small pure values: nothing here does I/O or parses config per request.
 
+mod admit;
 mod adyen;
 mod alipay;
 mod common;
+mod discord;
 mod gitlab;
 mod guard;
+mod handshake;
 mod hmac_scheme;
 mod hubspot;
 mod keys;
@@ -32,7 +35,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, RouteConfig};
+use crate::config::{Config, HandshakeMode, KeylessPolicy, RouteConfig};
+pub use admit::Admission;
+pub use handshake::Reply;
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
 pub use presets::PROVIDERS;
 pub use routes::{Routes, from_toml_with_env, load};
@@ -228,6 +233,10 @@ pub struct Route {
     guarded: guard::Guarded,
     /// `"{name}:"`, the prefix of the `idempotency-key` header sent upstream.
     key_header_prefix: String,
+    /// The provider's URL checks, and what the route does with them.
+    handshakes: handshake::Handshakes,
+    /// What a signed request holding no key gets.
+    keyless: KeylessPolicy,
 }
 
 impl Route {
@@ -255,6 +264,15 @@ impl Route {
     ) -> Result<Identity, IdentifyError> {
         self.guarded.check(headers)?;
         self.verifier.verify_request(headers, query, body, now)?;
+        self.identify_verified(headers, body)
+    }
+
+    /// The key and fingerprint of a delivery whose signature verified.
+    fn identify_verified(
+        &self,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Identity, IdentifyError> {
         let delivery_key = self.key.extract(headers, body)?;
         Ok(match self.claim_key {
             ClaimKey::Delivery => Identity {
@@ -312,6 +330,9 @@ pub enum IdentifyError {
     Signature(#[from] SignatureError),
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// An unsigned check with the wrong credential (Meta's verify token): 403.
+    #[error("{0}")]
+    Forbidden(&'static str),
 }
 
 /// Expands a route's preset into a `Route`. Errors name the field within the route.
@@ -333,6 +354,12 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         ("timestamp_header", c.timestamp_header.is_some()),
         ("signed", c.signed.is_some()),
         ("public_url", c.public_url.is_some()),
+        ("verify_token", c.verify_token.is_some()),
+        (
+            "handshake",
+            c.handshake.is_some()
+                && presets::handshake_kind(&cfg.provider) == handshake::Kind::None,
+        ),
     ] {
         if set && !used.contains(&field) {
             return Err(FieldError::new(
@@ -375,7 +402,9 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
             ));
         }
     };
-    let key = KeySource::parse(key_text).map_err(|m| FieldError::new("key", m))?;
+    let key = KeySource::parse(key_text)
+        .map_err(|m| FieldError::new("key", m))?
+        .with_aliases(preset.key_aliases);
     let claim_source = preset
         .claim_source
         .map(|t| KeySource::parse(t).expect("a preset's claim source parses"));
@@ -413,6 +442,19 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         tolerance: preset.tolerance,
         keep_payload: cfg.keep_payload,
         key_header_prefix: format!("{}:", cfg.name),
+        handshakes: handshake::Handshakes {
+            kind: presets::handshake_kind(&cfg.provider),
+            mode: c.handshake.unwrap_or(HandshakeMode::Forward),
+            verify_token: c.verify_token.as_ref().map(|t| t.value.clone()),
+            answer_key: cfg
+                .secrets
+                .first()
+                .map(|s| s.value.clone())
+                .unwrap_or_default(),
+        },
+        keyless: cfg
+            .keyless
+            .unwrap_or_else(|| presets::default_keyless(&cfg.provider)),
     })
 }
 

@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use super::common::HashAlg;
+use super::handshake::Kind;
 use super::hmac_scheme::{Encoding, HmacRow, HmacScheme};
 use super::{
-    FieldError, FingerprintRule, SuccessRule, Verifier, adyen, alipay, gitlab, hmac_scheme,
-    hubspot, mailgun, paddle, sendgrid, standard, stripe, twilio, wechatpay,
+    FieldError, FingerprintRule, SuccessRule, Verifier, adyen, alipay, discord, gitlab,
+    hmac_scheme, hubspot, mailgun, paddle, sendgrid, standard, stripe, twilio, wechatpay,
 };
-use crate::config::RouteConfig;
+use crate::config::{KeylessPolicy, RouteConfig};
 
 /// The preset names a route's `provider` may take (all implemented below).
 pub const PROVIDERS: &[&str] = &[
@@ -34,6 +35,10 @@ pub const PROVIDERS: &[&str] = &[
     "mailgun",
     "sendgrid",
     "adyen",
+    "meta",
+    "discord",
+    "zoom",
+    "twitter",
 ];
 
 /// What a preset expands to, before the route's overrides.
@@ -55,6 +60,8 @@ pub(super) struct Preset {
     /// Claim this signed value instead of the key, when the key is unsigned but a
     /// signed one-time value is not (Mailgun's token).
     pub(super) claim_source: Option<&'static str>,
+    /// Key headers the provider also sends under another spelling (name, other).
+    pub(super) key_aliases: &'static [(&'static str, &'static str)],
 }
 
 /// Razorpay: `X-Razorpay-Signature: <hex HMAC-SHA256(webhook secret, body)>`.
@@ -142,14 +149,39 @@ pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
             "signed",
         ],
         "twilio" | "square" | "hubspot" => &["public_url"],
+        "meta" => &["verify_token"],
         _ => &[],
+    }
+}
+
+/// Which URL checks a provider sends (see `handshake`).
+pub(super) fn handshake_kind(provider: &str) -> Kind {
+    match provider {
+        "slack" => Kind::Slack,
+        "zoom" => Kind::Zoom,
+        "discord" => Kind::Discord,
+        "meta" => Kind::Meta,
+        "twitter" => Kind::Twitter,
+        _ => Kind::None,
+    }
+}
+
+/// A preset's `keyless` default: Slack's slash commands and interactivity posts are
+/// signed, carry no id and are never retried, so they are forwarded; elsewhere a
+/// missing key is a malformed delivery.
+pub(super) fn default_keyless(provider: &str) -> KeylessPolicy {
+    match provider {
+        "slack" => KeylessPolicy::Forward,
+        _ => KeylessPolicy::Reject,
     }
 }
 
 pub(super) const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
 /// A preset's window when the route sets no `tolerance`: the official library's where
-/// it has one (Linear's SDK: 60 s).
+/// it has one (Linear's SDK: 60 s). Zoom retries 5, 25 and 85 minutes after the first
+/// attempt and may resend the first attempt's signed timestamp: 90 minutes lets its
+/// last retry through.
 pub(super) fn default_tolerance(provider: &str) -> Duration {
     match provider {
         "linear" => Duration::from_secs(60),
@@ -157,6 +189,7 @@ pub(super) fn default_tolerance(provider: &str) -> Duration {
         "mailgun" => Duration::from_secs(900),
         // SendGrid retries a batch for 24 hours; its library checks no window.
         "sendgrid" => Duration::from_secs(86_400),
+        "zoom" => Duration::from_secs(90 * 60),
         _ => DEFAULT_TOLERANCE,
     }
 }
@@ -165,7 +198,7 @@ pub(super) fn signs_timestamp(cfg: &RouteConfig) -> bool {
     let c = &cfg.custom;
     match cfg.provider.as_str() {
         "standard" | "stripe" | "slack" | "wechatpay" | "linear" | "paddle" | "hubspot"
-        | "mailgun" | "sendgrid" => true,
+        | "mailgun" | "sendgrid" | "zoom" | "discord" => true,
         "gitlab" => cfg.secrets.iter().any(|s| s.value.starts_with(b"whsec_")),
         "custom" => c.timestamp_header.is_some(),
         _ => false,
@@ -186,12 +219,18 @@ pub(super) fn preset(
             verifier: Box::new(standard::StandardWebhooks::new(s, tol)?),
             default_key: Some("header:webhook-id"),
             tolerance,
-            signed_headers: &["webhook-id", "webhook-timestamp"],
+            signed_headers: &[
+                "webhook-id",
+                "webhook-timestamp",
+                "svix-id",
+                "svix-timestamp",
+            ],
             fingerprint: FingerprintRule::Body,
             content_scope: &[],
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[("webhook-id", "svix-id")],
         },
         "github" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
@@ -203,6 +242,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "stripe" => Preset {
             verifier: Box::new(stripe::Stripe::new(s, tol)?),
@@ -214,6 +254,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "shopify" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
@@ -227,6 +268,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "slack" => Preset {
             verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
@@ -238,6 +280,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "alipay" => Preset {
             verifier: Box::new(alipay::Alipay::new(s)?),
@@ -249,6 +292,7 @@ pub(super) fn preset(
             success: SuccessRule::AlipaySuccessBody,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "wechatpay" => Preset {
             verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
@@ -260,6 +304,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "twilio" => Preset {
             verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
@@ -271,6 +316,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "custom" => {
             let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
@@ -285,6 +331,7 @@ pub(super) fn preset(
                 success: SuccessRule::Any2xx,
                 claim_content: false,
                 claim_source: None,
+                key_aliases: &[],
             }
         }
         "razorpay" => Preset {
@@ -297,6 +344,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "bitbucket" => Preset {
             verifier: Box::new(HmacScheme::from_row(&BITBUCKET, s, None, tol)?),
@@ -308,6 +356,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "intercom" => Preset {
             verifier: Box::new(HmacScheme::from_row(&INTERCOM, s, None, tol)?),
@@ -319,6 +368,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "square" => Preset {
             verifier: Box::new(HmacScheme::from_row(
@@ -335,6 +385,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "linear" => Preset {
             verifier: Box::new(HmacScheme::from_row(&LINEAR, s, None, tol)?),
@@ -346,6 +397,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "gitlab" => {
             let (signing, tokens): (Vec<_>, Vec<_>) = s
@@ -375,6 +427,7 @@ pub(super) fn preset(
                 success: SuccessRule::Any2xx,
                 claim_content: false,
                 claim_source: None,
+                key_aliases: &[],
             }
         }
         "paddle" => Preset {
@@ -387,6 +440,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
         },
         "hubspot" => Preset {
             verifier: Box::new(hubspot::Hubspot::new(s, c.public_url.as_deref(), tol)?),
@@ -398,6 +452,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: true,
             claim_source: None,
+            key_aliases: &[],
         },
         "mailgun" => Preset {
             verifier: Box::new(mailgun::Mailgun::new(s, tol)),
@@ -409,6 +464,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: Some("json:/signature/token"),
+            key_aliases: &[],
         },
         "sendgrid" => Preset {
             verifier: Box::new(sendgrid::Sendgrid::new(s, tol)?),
@@ -420,6 +476,7 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: true,
             claim_source: None,
+            key_aliases: &[],
         },
         "adyen" => Preset {
             verifier: Box::new(adyen::Adyen::new(s)?),
@@ -431,6 +488,55 @@ pub(super) fn preset(
             success: SuccessRule::Any2xx,
             claim_content: false,
             claim_source: None,
+            key_aliases: &[],
+        },
+        "meta" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
+            default_key: Some("content"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+            key_aliases: &[],
+        },
+        "discord" => Preset {
+            verifier: Box::new(discord::Discord::new(s, tol)?),
+            default_key: Some("json:/id"),
+            tolerance,
+            signed_headers: &["x-signature-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+            key_aliases: &[],
+        },
+        "zoom" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::zoom(s, tol)?),
+            default_key: Some("content"),
+            tolerance,
+            signed_headers: &["x-zm-request-timestamp"],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+            key_aliases: &[],
+        },
+        "twitter" => Preset {
+            verifier: Box::new(hmac_scheme::HmacScheme::twitter(s)?),
+            default_key: Some("content"),
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+            key_aliases: &[],
         },
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })

@@ -1,7 +1,9 @@
 //! Standard Webhooks (<https://www.standardwebhooks.com>): `webhook-id`,
 //! `webhook-timestamp` and `webhook-signature` headers; the signed content is
 //! `{id}.{timestamp}.{body}`; `v1` is HMAC-SHA256 with a `whsec_` secret, `v1a` is
-//! Ed25519 with a `whpk_` public key. Any one matching entry passes.
+//! Ed25519 with a `whpk_` public key. Any one matching entry passes. Svix-powered
+//! senders (Clerk, Resend, ...) name the same headers `svix-id`, `svix-timestamp` and
+//! `svix-signature`: either spelling is read, as Svix's own libraries do.
 
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use hmac::{KeyInit, Mac};
 use http::HeaderMap;
 use subtle::ConstantTimeEq;
 
-use super::common::{check_timestamp, header_str};
+use super::common::check_timestamp;
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
@@ -21,6 +23,50 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 /// At most this many signature entries are examined: a header with thousands of
 /// entries must not buy thousands of signature checks.
 const MAX_ENTRIES: usize = 64;
+
+/// One signed header under its two spellings, and the answers for its absence and for
+/// both spellings disagreeing.
+struct Alias {
+    name: &'static str,
+    svix: &'static str,
+    missing: &'static str,
+    conflict: &'static str,
+}
+
+const ID: Alias = Alias {
+    name: "webhook-id",
+    svix: "svix-id",
+    missing: "missing webhook-id header",
+    conflict: "webhook-id and svix-id are both set and differ",
+};
+const TIMESTAMP: Alias = Alias {
+    name: "webhook-timestamp",
+    svix: "svix-timestamp",
+    missing: "missing webhook-timestamp header",
+    conflict: "webhook-timestamp and svix-timestamp are both set and differ",
+};
+const SIGNATURE: Alias = Alias {
+    name: "webhook-signature",
+    svix: "svix-signature",
+    missing: "missing webhook-signature header",
+    conflict: "webhook-signature and svix-signature are both set and differ",
+};
+
+/// The header under either spelling; both present with different values is refused,
+/// since which one a reader trusts would decide what is checked.
+fn aliased(headers: &HeaderMap, a: Alias) -> Result<&str, SignatureError> {
+    let text = |n: &str| {
+        headers
+            .get(n)
+            .map(|v| v.to_str().map_err(|_| SignatureError::Malformed(a.missing)))
+            .transpose()
+    };
+    match (text(a.name)?, text(a.svix)?) {
+        (Some(w), Some(s)) if w != s => Err(SignatureError::Malformed(a.conflict)),
+        (Some(v), _) | (None, Some(v)) => Ok(v),
+        (None, None) => Err(SignatureError::Malformed(a.missing)),
+    }
+}
 
 pub struct StandardWebhooks {
     /// Decoded `whsec_` secrets (HMAC keys for `v1`).
@@ -75,21 +121,20 @@ impl StandardWebhooks {
 
 impl Verifier for StandardWebhooks {
     fn headers_read(&self) -> Vec<http::HeaderName> {
-        super::guard::names(&["webhook-id", "webhook-timestamp", "webhook-signature"])
+        super::guard::names(&[
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+            "svix-id",
+            "svix-timestamp",
+            "svix-signature",
+        ])
     }
 
     fn verify(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), SignatureError> {
-        let id = header_str(headers, "webhook-id", "missing webhook-id header")?;
-        let ts = header_str(
-            headers,
-            "webhook-timestamp",
-            "missing webhook-timestamp header",
-        )?;
-        let sigs = header_str(
-            headers,
-            "webhook-signature",
-            "missing webhook-signature header",
-        )?;
+        let id = aliased(headers, ID)?;
+        let ts = aliased(headers, TIMESTAMP)?;
+        let sigs = aliased(headers, SIGNATURE)?;
         check_timestamp(ts, now, self.tolerance)?;
 
         // The HMACs are computed lazily, once per secret, only if a v1 entry exists.
@@ -357,6 +402,42 @@ mod tests {
             let sig = Signature::from_slice(&sig).unwrap();
             assert!(key.verify_strict(&msg, &sig).is_ok());
         }
+    }
+
+    #[test]
+    fn svix_spellings_verify_and_must_agree() {
+        let v = &vectors()[0];
+        let w = verifier(&[&v.secret]);
+        let ts = v.timestamp.to_string();
+        let svix = |h: HeaderMap| {
+            let mut m = HeaderMap::new();
+            for (k, val) in &h {
+                let name = k.as_str().replace("webhook-", "svix-");
+                m.insert(
+                    http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    val.clone(),
+                );
+            }
+            m
+        };
+        let body = v.payload.as_bytes();
+        let h = svix(headers(&v.msg_id, &ts, &v.signature));
+        assert_eq!(w.verify(&h, body, v.timestamp), Ok(()));
+        // both spellings, same values: fine; different values: refused
+        let mut both = h.clone();
+        both.extend(headers(&v.msg_id, &ts, &v.signature));
+        assert_eq!(w.verify(&both, body, v.timestamp), Ok(()));
+        both.insert("webhook-id", HeaderValue::from_static("msg_other"));
+        assert!(matches!(
+            w.verify(&both, body, v.timestamp),
+            Err(SignatureError::Malformed(_))
+        ));
+        let mut missing = h.clone();
+        missing.remove("svix-signature");
+        assert!(matches!(
+            w.verify(&missing, body, v.timestamp),
+            Err(SignatureError::Malformed(_))
+        ));
     }
 
     #[test]

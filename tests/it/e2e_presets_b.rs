@@ -35,7 +35,7 @@ fn py(req: Value) -> Value {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 runs (tests/signers/requirements-b.txt)");
+        .expect("python3 runs (tests/signers/requirements.txt)");
     child
         .stdin
         .take()

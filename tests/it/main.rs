@@ -17,6 +17,7 @@ mod e2e_console;
 mod e2e_faults;
 mod e2e_harness;
 mod e2e_hostile;
+mod e2e_presets_a;
 mod e2e_presets_b;
 mod e2e_providers;
 mod e2e_roundtrips;
