@@ -14,46 +14,20 @@
 //!   `encryptedToken` = hex HMAC of the plainToken; X: `sha256=` base64 HMAC of the
 //!   body, and of the `crc_token` for the CRC answer).
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-
 use crate::common::*;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-/// Runs the signer with one JSON request.
+/// Runs this file's independent signer with one JSON request.
 fn py(req: Value) -> Value {
-    use std::io::Write;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/signers/sign_a.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs (see tests/signers/requirements.txt)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(req.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "signer failed for {req}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("signer answers JSON")
+    crate::common::signer::sign_with("sign_a.py", &req)
 }
 
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
-fn s(v: &Value) -> String {
-    v.as_str().expect("a string").to_string()
-}
+use crate::common::signer::text as s;
 
 fn route(name: &str, provider: &str, secrets: &[&str], extra: &str) -> RouteCfg {
     RouteCfg {

@@ -18,46 +18,20 @@
 //! and a missing signature are refused and never forwarded; where the delivery id is
 //! unsigned, a captured request under a fresh id is replayed, not forwarded.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-
 use crate::common::*;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-/// Runs the independent signer with one JSON request.
+/// Runs this file's independent signer with one JSON request.
 fn py(req: Value) -> Value {
-    use std::io::Write;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/signers/sign_b.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs (tests/signers/requirements.txt)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(req.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "signer failed for {req}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("signer answers JSON")
+    crate::common::signer::sign_with("sign_b.py", &req)
 }
 
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
-fn s(v: &Value) -> String {
-    v.as_str().expect("a string").to_string()
-}
+use crate::common::signer::text as s;
 
 /// Signs `body` with `op` and returns the signer's `field`.
 fn sig(op: &str, secret: &str, body: &[u8], extra: Value) -> String {

@@ -7,8 +7,7 @@
 //! a tampered copy gets 401 and is not forwarded; and a delivery signed with the second
 //! configured secret or key (rotation) passes too.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::common::*;
 use base64::Engine as _;
@@ -16,39 +15,16 @@ use serde_json::{Value, json};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// Runs the independent signer with one JSON request.
+/// Runs this file's independent signer with one JSON request.
 fn py(req: Value) -> Value {
-    use std::io::Write;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/signers/sign.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs (the e2e signers need python3 with `cryptography`)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(req.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "signer failed for {req}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("signer answers JSON")
+    crate::common::signer::sign_with("sign.py", &req)
 }
 
 fn b64(b: &[u8]) -> String {
     B64.encode(b)
 }
 
-fn s(v: &Value) -> String {
-    v.as_str().expect("a string").to_string()
-}
+use crate::common::signer::text as s;
 
 fn route(name: &str, provider: &str, secrets: &[&str], extra: &str) -> RouteCfg {
     RouteCfg {
