@@ -100,9 +100,14 @@ impl PublicUrl {
         Ok(PublicUrl { base, query })
     }
 
+    /// The query the provider signed: the request's own, else `public_url`'s.
+    pub fn query_for<'a>(&'a self, query: Option<&'a str>) -> Option<&'a str> {
+        query.filter(|q| !q.is_empty()).or(self.query.as_deref())
+    }
+
     /// The URL the provider requested: the request's query, else `public_url`'s own.
     pub fn for_request(&self, query: Option<&str>) -> String {
-        match query.filter(|q| !q.is_empty()).or(self.query.as_deref()) {
+        match self.query_for(query) {
             Some(q) => format!("{}?{q}", self.base),
             None => self.base.clone(),
         }

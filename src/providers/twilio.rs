@@ -16,43 +16,21 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::common::HashAlg;
-use super::common::header_str;
+use super::common::{PublicUrl, header_str};
 use super::{FieldError, SignatureError, Verifier};
 use crate::config::Secret;
 
 pub struct Twilio {
     tokens: Vec<Vec<u8>>,
-    /// `public_url` up to (not including) its `?`.
-    base: String,
-    /// `public_url`'s own query, if it has one.
-    query: Option<String>,
+    /// The URL Twilio posts to, which it signs.
+    url: PublicUrl,
 }
 
 impl Twilio {
     pub fn new(secrets: &[Secret], public_url: Option<&str>) -> Result<Self, FieldError> {
-        let url = public_url.ok_or_else(|| {
-            FieldError::new(
-                "public_url",
-                "is required for `twilio` routes: the full URL Twilio posts to, which it signs",
-            )
-        })?;
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|_| FieldError::new("public_url", format!("`{url}` is not a URL")))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-            return Err(FieldError::new(
-                "public_url",
-                "must be an absolute http:// or https:// URL, as configured at Twilio",
-            ));
-        }
-        let (base, query) = match url.split_once('?') {
-            Some((b, q)) => (b.to_string(), Some(q.to_string())),
-            None => (url.to_string(), None),
-        };
         Ok(Twilio {
             tokens: secrets.iter().map(|s| s.value.clone()).collect(),
-            base,
-            query,
+            url: PublicUrl::parse(public_url, "twilio")?,
         })
     }
 
@@ -63,12 +41,8 @@ impl Twilio {
         query: Option<&str>,
         body: &[u8],
     ) -> Result<Vec<u8>, SignatureError> {
-        let query = query.filter(|q| !q.is_empty()).or(self.query.as_deref());
-        let mut out = self.base.clone().into_bytes();
-        if let Some(q) = query {
-            out.push(b'?');
-            out.extend_from_slice(q.as_bytes());
-        }
+        let query = self.url.query_for(query);
+        let mut out = self.url.for_request(query).into_bytes();
         let body_sha = query.and_then(|q| {
             form_urlencoded::parse(q.as_bytes())
                 .find(|(k, _)| k == "bodySHA256")
