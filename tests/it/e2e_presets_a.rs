@@ -711,3 +711,66 @@ async fn handshakes_forwarded_by_default_reach_the_application() {
     let a = st.get("/hooks/x?crc_token=%7B%7D").await;
     st.refused(&a, 400, 1);
 }
+
+/// On an async route a handshake and a keyless request are still answered while the
+/// provider waits: the application's answer (the challenge echo) goes back, never the
+/// route's acknowledgement, and nothing is queued or claimed.
+#[tokio::test]
+async fn async_routes_forward_handshakes_and_keyless_requests_synchronously() {
+    let secret = "8f742231b10e8888abcd99yyyzzz85a5";
+    let extra = "mode = \"async\"\nack_status = 202\nack_body = \"queued\"\n";
+    let st = stack(route("slack", "slack", &[secret], extra)).await;
+    let path = "/hooks/slack";
+    let now = now_secs();
+    let body = format!(
+        r#"{{"token":"t","challenge":"{}","type":"url_verification"}}"#,
+        unique_id("chal")
+    )
+    .into_bytes();
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &body), false),
+            &body,
+        )
+        .await;
+    assert_eq!((a.status, &a.body[..]), (200, UPSTREAM_OK), "{}", a.text());
+    assert_eq!(st.upstream.count(), 1);
+    assert_eq!(st.upstream.last().body, body);
+    assert_eq!(st.sidecar.requests_total("slack", "handshake").await, 1.0);
+    let cmd = b"token=x&team_id=T1&command=%2Fdeploy&text=prod&trigger_id=1.2.3".to_vec();
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &cmd), true),
+            &cmd,
+        )
+        .await;
+    assert_eq!((a.status, &a.body[..]), (200, UPSTREAM_OK), "{}", a.text());
+    assert_eq!(st.upstream.count(), 2);
+    assert_eq!(st.sidecar.requests_total("slack", "unkeyed").await, 1.0);
+    assert_eq!(st.sidecar.requests_total("slack", "queued").await, 0.0);
+    // an event on the same route is acknowledged and delivered from the queue
+    let event = format!(
+        r#"{{"type":"event_callback","event_id":"{}","event":{{"type":"app_mention"}}}}"#,
+        unique_id("Ev")
+    )
+    .into_bytes();
+    let a = st
+        .post(
+            path,
+            &slack_h(now, slack_sign(secret, now, &event), false),
+            &event,
+        )
+        .await;
+    assert_eq!(
+        (a.status, &a.body[..]),
+        (202, &b"queued"[..]),
+        "{}",
+        a.text()
+    );
+    st.upstream
+        .wait_for_count(3, std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(st.upstream.last().body, event);
+}
