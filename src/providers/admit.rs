@@ -49,6 +49,9 @@ impl Route {
         if let Some(shape) = shape {
             return Ok(Admission::Handshake(self.handshakes.signed_reply(&shape)));
         }
+        if !self.handshakes.body_may_be_delivery(body) {
+            return Err(SignatureError::Invalid("an X event is a JSON object").into());
+        }
         if self.handshakes.content_keyed(body) {
             let fingerprint = fingerprint_body(body);
             let key = format!("sha256:{}", hex::encode(fingerprint));

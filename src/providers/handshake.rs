@@ -71,15 +71,17 @@ const MAX_CHALLENGE: usize = 256;
 const MAX_CRC_TOKEN: usize = 128;
 
 /// Whether `token` has the shape of the CRC tokens X sends: 1 to `MAX_CRC_TOKEN`
-/// characters of the base64 and base64url alphabets (`A-Z a-z 0-9 + / = - _`). No body X
-/// signs (JSON, starting with `{`) has that shape, so answering such a token never
-/// signs anything X could have sent.
+/// characters of the base64 and base64url alphabets (`A-Z a-z 0-9 + / = - _`), and not
+/// a JSON text. That alphabet excludes objects, arrays and strings; the JSON check
+/// excludes the rest (`123`, `-5`, `1e5`, `true`, `null`), so answering a token never
+/// signs a body that parses as JSON.
 fn crc_token_shape(token: &str) -> bool {
     !token.is_empty()
         && token.len() <= MAX_CRC_TOKEN
         && token
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"+/=-_".contains(&b))
+        && serde_json::from_str::<serde::de::IgnoredAny>(token).is_err()
 }
 
 /// One decoded query parameter (the first of that name).
@@ -93,6 +95,13 @@ impl Handshakes {
     /// Whether the route can see a handshake at all.
     pub(super) fn any(&self) -> bool {
         self.kind != Kind::None
+    }
+
+    /// Whether a verified body may be a delivery. X's events are JSON objects, and its
+    /// CRC answer signs a token with the POSTs' own construction: refusing every other
+    /// body means a signature obtained from a CRC answer verifies nothing idemgate passes.
+    pub(super) fn body_may_be_delivery(&self, body: &[u8]) -> bool {
+        self.kind != Kind::Twitter || body.trim_ascii_start().first() == Some(&b'{')
     }
 
     /// An unsigned GET check: `None` when the request is not one (it is then verified
@@ -238,7 +247,20 @@ mod tests {
     fn crc_tokens_of_x_shape_only() {
         assert!(crc_token_shape("MjE1NDc2MjY4OTk0NTc2MTA1Mg=="));
         assert!(crc_token_shape("abc-_"));
-        for bad in ["", "{\"a\":1}", "a b", "x".repeat(129).as_str(), "é"] {
+        let long = "x".repeat(129);
+        for bad in [
+            "",
+            "{\"a\":1}",
+            "a b",
+            &long,
+            "é",
+            "123",
+            "-5",
+            "1e5",
+            "true",
+            "null",
+            "false",
+        ] {
             assert!(!crc_token_shape(bad), "{bad}");
         }
     }

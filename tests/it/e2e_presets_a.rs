@@ -637,11 +637,31 @@ async fn twitter_crc_and_signed_posts() {
     let want = s(&py(json!({"op":"twitter","secret":secret,"crc_token":token}))["signature"]);
     assert_eq!((a.status, a.json()), (200, json!({"response_token": want})));
     // a token that could be a body (JSON), or too long: refused, nothing signed
-    for bad in ["%7B%22a%22%3A1%7D", &"A".repeat(129), "a%20b"] {
+    for bad in [
+        "%7B%22a%22%3A1%7D",
+        &"A".repeat(129),
+        "a%20b",
+        "123",
+        "true",
+    ] {
         let a = st.get(&format!("{path}?crc_token={bad}")).await;
         st.refused(&a, 400, 0);
         assert!(!a.text().contains("response_token"));
     }
+    // the signature a CRC answer hands out verifies no POST: the token as a body is
+    // not a JSON object, so it is refused, never forwarded
+    let forged = "abcDEF123";
+    let a = st.get(&format!("{path}?crc_token={forged}")).await;
+    assert_eq!(a.status, 200);
+    let crc_sig = a.json()["response_token"].as_str().unwrap().to_string();
+    let a = st
+        .post(
+            path,
+            &[json_h(), ("x-twitter-webhooks-signature", crc_sig)],
+            forged.as_bytes(),
+        )
+        .await;
+    st.refused(&a, 401, 0);
     let sign = |secret: &str, body: &[u8]| {
         s(&py(json!({"op":"twitter","secret":secret,"body_b64":b64(body)}))["signature"])
     };
