@@ -136,6 +136,29 @@ const INTERCOM_RETRY_FIELDS: &[&str] = &[
     "first_sent_at",
 ];
 
+impl Preset {
+    /// A preset with the common rest: no signed headers, the body fingerprinted and
+    /// claimed under the key, any 2xx completes. Rows override what differs.
+    fn new(
+        verifier: Box<dyn Verifier>,
+        default_key: Option<&'static str>,
+        tolerance: Option<Duration>,
+    ) -> Preset {
+        Preset {
+            verifier,
+            default_key,
+            tolerance,
+            signed_headers: &[],
+            fingerprint: FingerprintRule::Body,
+            content_scope: &[],
+            success: SuccessRule::Any2xx,
+            claim_content: false,
+            claim_source: None,
+            key_aliases: &[],
+        }
+    }
+}
+
 /// The provider-specific fields (`CustomFields`) each preset reads; any other one set
 /// on a route is an error naming it.
 pub(super) fn fields_used(provider: &str) -> &'static [&'static str] {
@@ -216,188 +239,113 @@ pub(super) fn preset(
     let c = &cfg.custom;
     Ok(match cfg.provider.as_str() {
         "standard" => Preset {
-            verifier: Box::new(standard::StandardWebhooks::new(s, tol)?),
-            default_key: Some("header:webhook-id"),
-            tolerance,
             signed_headers: &[
                 "webhook-id",
                 "webhook-timestamp",
                 "svix-id",
                 "svix-timestamp",
             ],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
             key_aliases: &[("webhook-id", "svix-id")],
+            ..Preset::new(
+                Box::new(standard::StandardWebhooks::new(s, tol)?),
+                Some("header:webhook-id"),
+                tolerance,
+            )
         },
-        "github" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
-            default_key: Some("header:X-GitHub-Delivery"),
+        "github" => Preset::new(
+            Box::new(hmac_scheme::HmacScheme::github(s)?),
+            Some("header:X-GitHub-Delivery"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
-        "stripe" => Preset {
-            verifier: Box::new(stripe::Stripe::new(s, tol)?),
-            default_key: Some("json:/id"),
+        ),
+        "stripe" => Preset::new(
+            Box::new(stripe::Stripe::new(s, tol)?),
+            Some("json:/id"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
+        ),
         "shopify" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::shopify(s)?),
-            default_key: Some(
-                "header:X-Shopify-Event-Id+header:X-Shopify-Topic+header:X-Shopify-Shop-Domain",
-            ),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
             content_scope: &["x-shopify-topic", "x-shopify-shop-domain"],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(hmac_scheme::HmacScheme::shopify(s)?),
+                Some(
+                    "header:X-Shopify-Event-Id+header:X-Shopify-Topic+header:X-Shopify-Shop-Domain",
+                ),
+                tolerance,
+            )
         },
         "slack" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
-            default_key: Some("json:/event_id"),
-            tolerance,
             signed_headers: &["x-slack-request-timestamp"],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(hmac_scheme::HmacScheme::slack(s, tol)?),
+                Some("json:/event_id"),
+                tolerance,
+            )
         },
         "alipay" => Preset {
-            verifier: Box::new(alipay::Alipay::new(s)?),
-            default_key: Some("form:notify_id"),
-            tolerance,
-            signed_headers: &[],
             fingerprint: FingerprintRule::AlipayFields,
-            content_scope: &[],
             success: SuccessRule::AlipaySuccessBody,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(alipay::Alipay::new(s)?),
+                Some("form:notify_id"),
+                tolerance,
+            )
         },
         "wechatpay" => Preset {
-            verifier: Box::new(wechatpay::WechatPay::new(s, tol)?),
-            default_key: Some("json:/id"),
-            tolerance,
             signed_headers: &["wechatpay-timestamp", "wechatpay-nonce", "wechatpay-serial"],
             fingerprint: FingerprintRule::JsonFields(wechatpay::FINGERPRINT_FIELDS),
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
-        "twilio" => Preset {
-            verifier: Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
-            default_key: Some("header:I-Twilio-Idempotency-Token"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
-        "custom" => {
-            let v = hmac_scheme::HmacScheme::custom(s, c, tol)?;
-            let signed_headers: &'static [&'static str] = &[];
-            Preset {
-                verifier: Box::new(v),
-                default_key: None,
+            ..Preset::new(
+                Box::new(wechatpay::WechatPay::new(s, tol)?),
+                Some("json:/id"),
                 tolerance,
-                signed_headers,
-                fingerprint: FingerprintRule::Body,
-                content_scope: &[],
-                success: SuccessRule::Any2xx,
-                claim_content: false,
-                claim_source: None,
-                key_aliases: &[],
-            }
-        }
-        "razorpay" => Preset {
-            verifier: Box::new(HmacScheme::from_row(&RAZORPAY, s, None, tol)?),
-            default_key: Some("header:x-razorpay-event-id"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            )
         },
-        "bitbucket" => Preset {
-            verifier: Box::new(HmacScheme::from_row(&BITBUCKET, s, None, tol)?),
-            default_key: Some("header:X-Request-UUID"),
+        "twilio" => Preset::new(
+            Box::new(twilio::Twilio::new(s, c.public_url.as_deref())?),
+            Some("header:I-Twilio-Idempotency-Token"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
+        ),
+        "custom" => Preset::new(
+            Box::new(hmac_scheme::HmacScheme::custom(s, c, tol)?),
+            None,
+            tolerance,
+        ),
+        "razorpay" => Preset::new(
+            Box::new(HmacScheme::from_row(&RAZORPAY, s, None, tol)?),
+            Some("header:x-razorpay-event-id"),
+            tolerance,
+        ),
+        "bitbucket" => Preset {
             content_scope: &["x-event-key"],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(HmacScheme::from_row(&BITBUCKET, s, None, tol)?),
+                Some("header:X-Request-UUID"),
+                tolerance,
+            )
         },
         "intercom" => Preset {
-            verifier: Box::new(HmacScheme::from_row(&INTERCOM, s, None, tol)?),
-            default_key: Some("json:/id"),
-            tolerance,
-            signed_headers: &[],
             fingerprint: FingerprintRule::JsonWithout(INTERCOM_RETRY_FIELDS),
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(HmacScheme::from_row(&INTERCOM, s, None, tol)?),
+                Some("json:/id"),
+                tolerance,
+            )
         },
-        "square" => Preset {
-            verifier: Box::new(HmacScheme::from_row(
+        "square" => Preset::new(
+            Box::new(HmacScheme::from_row(
                 &SQUARE,
                 s,
                 c.public_url.as_deref(),
                 tol,
             )?),
-            default_key: Some("json:/event_id"),
+            Some("json:/event_id"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
+        ),
         "linear" => Preset {
-            verifier: Box::new(HmacScheme::from_row(&LINEAR, s, None, tol)?),
-            default_key: Some("header:Linear-Delivery"),
-            tolerance,
-            signed_headers: &[],
             fingerprint: FingerprintRule::JsonWithout(&["webhookTimestamp"]),
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(HmacScheme::from_row(&LINEAR, s, None, tol)?),
+                Some("header:Linear-Delivery"),
+                tolerance,
+            )
         },
         "gitlab" => {
             let (signing, tokens): (Vec<_>, Vec<_>) = s
@@ -417,127 +365,72 @@ pub(super) fn preset(
                 Some(Box::new(standard::StandardWebhooks::new(&signing, tol)?))
             };
             let tokens = tokens.into_iter().map(|s| s.value).collect();
-            Preset {
-                verifier: Box::new(gitlab::Gitlab::new(tokens, signed)),
-                default_key: Some("header:Idempotency-Key"),
+            Preset::new(
+                Box::new(gitlab::Gitlab::new(tokens, signed)),
+                Some("header:Idempotency-Key"),
                 tolerance,
-                signed_headers: &[],
-                fingerprint: FingerprintRule::Body,
-                content_scope: &[],
-                success: SuccessRule::Any2xx,
-                claim_content: false,
-                claim_source: None,
-                key_aliases: &[],
-            }
+            )
         }
-        "paddle" => Preset {
-            verifier: Box::new(paddle::Paddle::new(s, tol)),
-            default_key: Some("json:/event_id"),
+        "paddle" => Preset::new(
+            Box::new(paddle::Paddle::new(s, tol)),
+            Some("json:/event_id"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
+        ),
         "hubspot" => Preset {
-            verifier: Box::new(hubspot::Hubspot::new(s, c.public_url.as_deref(), tol)?),
-            default_key: Some("json:/0/eventId"),
-            tolerance,
-            signed_headers: &[],
             fingerprint: FingerprintRule::JsonWithout(&["attemptNumber"]),
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
             claim_content: true,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(hubspot::Hubspot::new(s, c.public_url.as_deref(), tol)?),
+                Some("json:/0/eventId"),
+                tolerance,
+            )
         },
         "mailgun" => Preset {
-            verifier: Box::new(mailgun::Mailgun::new(s, tol)),
-            default_key: Some("json:/event-data/id"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
             claim_source: Some("json:/signature/token"),
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(mailgun::Mailgun::new(s, tol)),
+                Some("json:/event-data/id"),
+                tolerance,
+            )
         },
         "sendgrid" => Preset {
-            verifier: Box::new(sendgrid::Sendgrid::new(s, tol)?),
-            default_key: Some("json:/0/sg_event_id"),
-            tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
             claim_content: true,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(sendgrid::Sendgrid::new(s, tol)?),
+                Some("json:/0/sg_event_id"),
+                tolerance,
+            )
         },
         "adyen" => Preset {
-            verifier: Box::new(adyen::Adyen::new(s)?),
-            default_key: Some(ADYEN_KEY),
-            tolerance,
-            signed_headers: &[],
             fingerprint: FingerprintRule::JsonFields(&["/notificationItems"]),
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(Box::new(adyen::Adyen::new(s)?), Some(ADYEN_KEY), tolerance)
         },
-        "meta" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::github(s)?),
-            default_key: Some("content"),
+        "meta" => Preset::new(
+            Box::new(hmac_scheme::HmacScheme::github(s)?),
+            Some("content"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
+        ),
         "discord" => Preset {
-            verifier: Box::new(discord::Discord::new(s, tol)?),
-            default_key: Some("json:/id"),
-            tolerance,
             signed_headers: &["x-signature-timestamp"],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(discord::Discord::new(s, tol)?),
+                Some("json:/id"),
+                tolerance,
+            )
         },
         "zoom" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::zoom(s, tol)?),
-            default_key: Some("content"),
-            tolerance,
             signed_headers: &["x-zm-request-timestamp"],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
+            ..Preset::new(
+                Box::new(hmac_scheme::HmacScheme::zoom(s, tol)?),
+                Some("content"),
+                tolerance,
+            )
         },
-        "twitter" => Preset {
-            verifier: Box::new(hmac_scheme::HmacScheme::twitter(s)?),
-            default_key: Some("content"),
+        "twitter" => Preset::new(
+            Box::new(hmac_scheme::HmacScheme::twitter(s)?),
+            Some("content"),
             tolerance,
-            signed_headers: &[],
-            fingerprint: FingerprintRule::Body,
-            content_scope: &[],
-            success: SuccessRule::Any2xx,
-            claim_content: false,
-            claim_source: None,
-            key_aliases: &[],
-        },
+        ),
         other => unreachable!("`{other}` was checked against PROVIDERS above"),
     })
 }
