@@ -11,8 +11,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{KeyInit, Mac};
 use http::{HeaderMap, HeaderValue};
 use idemgate::config::Secret;
-use idemgate::providers::Verifier;
 use idemgate::providers::StandardWebhooks;
+use idemgate::providers::Verifier;
 use libfuzzer_sys::fuzz_target;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
