@@ -14,8 +14,8 @@
 //!   `encryptedToken` = hex HMAC of the plainToken; X: `sha256=` base64 HMAC of the
 //!   body, and of the `crc_token` for the CRC answer).
 
+use crate::common::preset_stack::*;
 use crate::common::*;
-use base64::Engine as _;
 use serde_json::{Value, json};
 
 /// Runs this file's independent signer with one JSON request.
@@ -23,115 +23,10 @@ fn py(req: Value) -> Value {
     crate::common::signer::sign_with("sign_a.py", &req)
 }
 
-fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
-}
-
 use crate::common::signer::text as s;
 
-fn route(name: &str, provider: &str, secrets: &[&str], extra: &str) -> RouteCfg {
-    RouteCfg {
-        name: name.into(),
-        path: format!("/hooks/{name}"),
-        provider: provider.into(),
-        secrets: secrets.iter().map(|s| s.to_string()).collect(),
-        tolerance: None,
-        key: None,
-        extra: extra.into(),
-    }
-}
-
-struct Stack {
-    sidecar: Sidecar,
-    upstream: Upstream,
-    _redis: RedisServer,
-}
-
 async fn stack(r: RouteCfg) -> Stack {
-    let redis = RedisServer::start_new();
-    let upstream = Upstream::start().await;
-    // idemgate's default retention: Zoom's 90-minute window needs more than the
-    // harness's 1h.
-    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url())
-        .dedup("retention", "72h")
-        .route(r)
-        .start()
-        .await;
-    Stack {
-        sidecar,
-        upstream,
-        _redis: redis,
-    }
-}
-
-impl Stack {
-    async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, String)],
-        body: &[u8],
-    ) -> Answer {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut rb = self.sidecar.client.request(method, self.sidecar.url(path));
-        for (k, v) in headers {
-            rb = rb.header(*k, v.as_str());
-        }
-        let start = std::time::Instant::now();
-        let resp = rb.body(body.to_vec()).send().await.expect("HTTP exchange");
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp.bytes().await.unwrap().to_vec();
-        Answer {
-            status,
-            headers,
-            body,
-            elapsed: start.elapsed(),
-        }
-    }
-
-    async fn post(&self, path: &str, headers: &[(&str, String)], body: &[u8]) -> Answer {
-        self.send("POST", path, headers, body).await
-    }
-
-    /// A first delivery: the upstream's answer; the upstream got the body byte for byte
-    /// with the route's idempotency key.
-    fn forwarded(&self, a: &Answer, count: usize, body: &[u8], idem: &str) {
-        assert_eq!(a.status, 200, "expected forwarding, got {a:?} {}", a.text());
-        assert!(!a.replayed());
-        assert_eq!(self.upstream.count(), count, "upstream count");
-        let last = self.upstream.last();
-        assert_eq!(&last.body[..], body, "forwarded body byte for byte");
-        assert_eq!(last.header("idempotency-key").as_deref(), Some(idem));
-    }
-
-    /// A duplicate: the stored answer, marked replayed, nothing forwarded.
-    fn replayed(&self, a: &Answer, count: usize) {
-        assert_eq!(a.status, 200, "expected a replay, got {a:?} {}", a.text());
-        assert!(a.replayed(), "answer not marked replayed: {a:?}");
-        assert_eq!(a.body, UPSTREAM_OK);
-        assert_eq!(self.upstream.count(), count, "a duplicate is not forwarded");
-    }
-
-    fn refused(&self, a: &Answer, status: u16, count: usize) {
-        let code = match status {
-            401 => "invalid_signature",
-            403 => "forbidden",
-            _ => "bad_request",
-        };
-        a.assert_error(status, code);
-        assert_eq!(
-            self.upstream.count(),
-            count,
-            "a refused request is not forwarded"
-        );
-    }
-}
-
-const UPSTREAM_OK: &[u8] = br#"{"ok":true}"#;
-
-fn json_h() -> (&'static str, String) {
-    ("content-type", "application/json".to_string())
+    Stack::start(r).await
 }
 
 #[tokio::test]

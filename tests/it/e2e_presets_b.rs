@@ -18,6 +18,7 @@
 //! and a missing signature are refused and never forwarded; where the delivery id is
 //! unsigned, a captured request under a fresh id is replayed, not forwarded.
 
+use crate::common::preset_stack::*;
 use crate::common::*;
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -25,10 +26,6 @@ use serde_json::{Value, json};
 /// Runs this file's independent signer with one JSON request.
 fn py(req: Value) -> Value {
     crate::common::signer::sign_with("sign_b.py", &req)
-}
-
-fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
 }
 
 use crate::common::signer::text as s;
@@ -42,79 +39,16 @@ fn sig(op: &str, secret: &str, body: &[u8], extra: Value) -> String {
     s(&py(req)["signature"])
 }
 
-struct Stack {
-    sidecar: Sidecar,
-    upstream: Upstream,
-    _redis: RedisServer,
-    path: String,
-}
-
 async fn stack(name: &str, provider: &str, secrets: &[&str], extra: &str) -> Stack {
-    let redis = RedisServer::start_new();
-    let upstream = Upstream::start().await;
-    let r = RouteCfg {
-        name: name.into(),
-        path: format!("/hooks/{name}"),
-        provider: provider.into(),
-        secrets: secrets.iter().map(|s| s.to_string()).collect(),
-        tolerance: None,
-        key: None,
-        extra: extra.into(),
-    };
-    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url())
-        .route(r)
-        .start()
-        .await;
-    Stack {
-        sidecar,
-        upstream,
-        _redis: redis,
-        path: format!("/hooks/{name}"),
-    }
+    Stack::start(route(name, provider, secrets, extra)).await
 }
-
-const UPSTREAM_OK: &[u8] = br#"{"ok":true}"#;
 
 impl Stack {
-    async fn post(&self, headers: &[(&str, String)], body: &[u8]) -> Answer {
-        let mut h: Vec<(String, String)> = vec![("content-type".into(), "application/json".into())];
-        h.extend(headers.iter().map(|(k, v)| (k.to_string(), v.clone())));
-        post(
-            &self.sidecar.client,
-            &self.sidecar.url(&self.path),
-            &h,
-            body.to_vec(),
-        )
-        .await
-        .expect("HTTP exchange")
-    }
-
-    /// A first delivery: forwarded byte for byte with exactly one `idempotency-key`.
-    fn forwarded(&self, a: &Answer, count: usize, body: &[u8], idem: &str) {
-        assert_eq!(a.status, 200, "expected forwarding, got {a:?} {}", a.text());
-        assert!(!a.replayed());
-        assert_eq!(self.upstream.count(), count, "upstream count");
-        let last = self.upstream.last();
-        assert_eq!(&last.body[..], body, "forwarded body byte for byte");
-        assert_eq!(last.header("idempotency-key").as_deref(), Some(idem));
-    }
-
-    /// A duplicate: the stored answer, marked replayed, nothing forwarded.
-    fn replayed(&self, a: &Answer, count: usize) {
-        assert_eq!(a.status, 200, "expected a replay, got {a:?} {}", a.text());
-        assert!(a.replayed(), "answer not marked replayed: {a:?}");
-        assert_eq!(a.body, UPSTREAM_OK);
-        assert_eq!(self.upstream.count(), count, "a duplicate is not forwarded");
-    }
-
-    fn refused(&self, a: &Answer, status: u16, count: usize) {
-        let code = if status == 401 {
-            "invalid_signature"
-        } else {
-            "bad_request"
-        };
-        a.assert_error(status, code);
-        assert_eq!(self.upstream.count(), count, "a refusal is not forwarded");
+    /// A JSON POST to the route's own path.
+    async fn post_json(&self, headers: &[(&str, String)], body: &[u8]) -> Answer {
+        let mut h = vec![json_h()];
+        h.extend(headers.iter().cloned());
+        self.post(&self.path, &h, body).await
     }
 }
 
@@ -142,27 +76,29 @@ async fn body_hmac_with_unsigned_id(
         v
     };
     let good = sig(op, s1, &body, json!({}));
-    let a = st.post(&h("id-1", good.clone()), &body).await;
+    let a = st.post_json(&h("id-1", good.clone()), &body).await;
     st.forwarded(&a, 1, &body, &format!("{provider}:id-1"));
-    let a = st.post(&h("id-1", good.clone()), &body).await;
+    let a = st.post_json(&h("id-1", good.clone()), &body).await;
     st.replayed(&a, 1);
     // The unsigned-key guard: the captured request under a fresh id.
-    let a = st.post(&h("id-2-forged", good.clone()), &body).await;
+    let a = st.post_json(&h("id-2-forged", good.clone()), &body).await;
     st.replayed(&a, 1);
-    let a = st.post(&h("id-3", good.clone()), &flipped(&body, 3)).await;
+    let a = st
+        .post_json(&h("id-3", good.clone()), &flipped(&body, 3))
+        .await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(&h("id-4", sig(op, "wrong", &body, json!({}))), &body)
+        .post_json(&h("id-4", sig(op, "wrong", &body, json!({}))), &body)
         .await;
     st.refused(&a, 401, 1);
     let mut missing = h("id-5", good);
     missing.retain(|(k, _)| *k != sig_header);
-    let a = st.post(&missing, &body).await;
+    let a = st.post_json(&missing, &body).await;
     st.refused(&a, 400, 1);
     // Rotation: another event signed with the second secret.
     let body2 = format!(r#"{{"event":"y","n":"{}"}}"#, unique_id(provider)).into_bytes();
     let a = st
-        .post(&h("id-6", sig(op, s2, &body2, json!({}))), &body2)
+        .post_json(&h("id-6", sig(op, s2, &body2, json!({}))), &body2)
         .await;
     st.forwarded(&a, 2, &body2, &format!("{provider}:id-6"));
 }
@@ -205,35 +141,37 @@ async fn intercom_retries_with_new_attempt_counts_are_replayed() {
     let h = |sig: String| vec![("x-hub-signature", sig)];
     let body = body_at(1, 1_700_000_001);
     let a = st
-        .post(&h(sig("intercom", s1, &body, json!({}))), &body)
+        .post_json(&h(sig("intercom", s1, &body, json!({}))), &body)
         .await;
     st.forwarded(&a, 1, &body, &format!("intercom:{id}"));
     let a = st
-        .post(&h(sig("intercom", s1, &body, json!({}))), &body)
+        .post_json(&h(sig("intercom", s1, &body, json!({}))), &body)
         .await;
     st.replayed(&a, 1);
     // Intercom's retry rewrites its delivery fields inside the signed body.
     let retry = body_at(2, 1_700_000_061);
     let a = st
-        .post(&h(sig("intercom", s1, &retry, json!({}))), &retry)
+        .post_json(&h(sig("intercom", s1, &retry, json!({}))), &retry)
         .await;
     st.replayed(&a, 1);
     let good = sig("intercom", s1, &body, json!({}));
-    let a = st.post(&h(good.clone()), &flipped(&body, 20)).await;
+    let a = st.post_json(&h(good.clone()), &flipped(&body, 20)).await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(&h(sig("intercom", "x", &body, json!({}))), &body)
+        .post_json(&h(sig("intercom", "x", &body, json!({}))), &body)
         .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.refused(&a, 400, 1);
     // a SHA-256 signature under Intercom's header is not Intercom's scheme
-    let a = st.post(&h(good.replace("sha1=", "sha256=")), &body).await;
+    let a = st
+        .post_json(&h(good.replace("sha1=", "sha256=")), &body)
+        .await;
     st.refused(&a, 401, 1);
     let id2 = unique_id("notif");
     let body2 = format!(r#"{{"type":"notification_event","id":"{id2}"}}"#).into_bytes();
     let a = st
-        .post(&h(sig("intercom", s2, &body2, json!({}))), &body2)
+        .post_json(&h(sig("intercom", s2, &body2, json!({}))), &body2)
         .await;
     st.forwarded(&a, 2, &body2, &format!("intercom:{id2}"));
 }
@@ -259,24 +197,26 @@ async fn square_signs_the_notification_url() {
             sig("square", secret, body, json!({"url": url})),
         )]
     };
-    let a = st.post(&sign(s1, url, &body), &body).await;
+    let a = st.post_json(&sign(s1, url, &body), &body).await;
     st.forwarded(&a, 1, &body, &format!("square:{ev}"));
-    let a = st.post(&sign(s1, url, &body), &body).await;
+    let a = st.post_json(&sign(s1, url, &body), &body).await;
     st.replayed(&a, 1);
-    let a = st.post(&sign(s1, url, &body), &flipped(&body, 5)).await;
+    let a = st
+        .post_json(&sign(s1, url, &body), &flipped(&body, 5))
+        .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&sign("nope", url, &body), &body).await;
+    let a = st.post_json(&sign("nope", url, &body), &body).await;
     st.refused(&a, 401, 1);
     // signed for another notification URL
     let a = st
-        .post(&sign(s1, "https://hooks.example.com/other", &body), &body)
+        .post_json(&sign(s1, "https://hooks.example.com/other", &body), &body)
         .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.refused(&a, 400, 1);
     let ev2 = unique_id("sq");
     let body2 = format!(r#"{{"event_id":"{ev2}"}}"#).into_bytes();
-    let a = st.post(&sign(s2, url, &body2), &body2).await;
+    let a = st.post_json(&sign(s2, url, &body2), &body2).await;
     st.forwarded(&a, 2, &body2, &format!("square:{ev2}"));
 }
 
@@ -301,14 +241,14 @@ async fn linear_windows_on_the_signed_body_timestamp() {
     let now_ms = now_secs() * 1000;
     let body = body_at(now_ms);
     let good = sig("linear", s1, &body, json!({}));
-    let a = st.post(&h("d-1", good.clone(), now_ms), &body).await;
+    let a = st.post_json(&h("d-1", good.clone(), now_ms), &body).await;
     st.forwarded(&a, 1, &body, "linear:d-1");
-    let a = st.post(&h("d-1", good.clone(), now_ms), &body).await;
+    let a = st.post_json(&h("d-1", good.clone(), now_ms), &body).await;
     st.replayed(&a, 1);
     // Linear's retry: a new delivery id and a fresh signed webhookTimestamp.
     let retry = body_at(now_ms + 20_000);
     let a = st
-        .post(
+        .post_json(
             &h("d-2", sig("linear", s1, &retry, json!({})), now_ms),
             &retry,
         )
@@ -317,24 +257,26 @@ async fn linear_windows_on_the_signed_body_timestamp() {
     // Stale inside the body: refused, whatever the unsigned header says.
     let stale = body_at(now_ms - 120_000);
     let a = st
-        .post(
+        .post_json(
             &h("d-3", sig("linear", s1, &stale, json!({})), now_ms),
             &stale,
         )
         .await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(&h("d-4", good.clone(), now_ms), &flipped(&body, 12))
+        .post_json(&h("d-4", good.clone(), now_ms), &flipped(&body, 12))
         .await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(
+        .post_json(
             &h("d-5", sig("linear", "x", &body, json!({})), now_ms),
             &body,
         )
         .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&[("linear-delivery", "d-6".into())], &body).await;
+    let a = st
+        .post_json(&[("linear-delivery", "d-6".into())], &body)
+        .await;
     st.refused(&a, 400, 1);
     let other = format!(
         r#"{{"action":"update","type":"Issue","data":{{"id":"{}"}},"webhookTimestamp":{now_ms}}}"#,
@@ -342,7 +284,7 @@ async fn linear_windows_on_the_signed_body_timestamp() {
     )
     .into_bytes();
     let a = st
-        .post(
+        .post_json(
             &h("d-7", sig("linear", s2, &other, json!({})), now_ms),
             &other,
         )
@@ -367,27 +309,29 @@ async fn gitlab_token_routes_claim_the_content_and_send_one_idempotency_key() {
             ("x-gitlab-token", token.to_string()),
         ]
     };
-    let a = st.post(&h("k-1", "glpat-hook-token"), &body).await;
+    let a = st.post_json(&h("k-1", "glpat-hook-token"), &body).await;
     st.forwarded(&a, 1, &body, "gitlab:k-1");
     // GitLab's own Idempotency-Key is replaced: the application sees exactly one.
     assert_eq!(
         st.upstream.last().header_all("idempotency-key"),
         vec!["gitlab:k-1".to_string()]
     );
-    let a = st.post(&h("k-1", "glpat-hook-token"), &body).await;
+    let a = st.post_json(&h("k-1", "glpat-hook-token"), &body).await;
     st.replayed(&a, 1);
     // The token authenticates no body: the same body under a fresh key is the same
     // content, so it is replayed, not forwarded.
-    let a = st.post(&h("k-2-forged", "glpat-hook-token"), &body).await;
+    let a = st
+        .post_json(&h("k-2-forged", "glpat-hook-token"), &body)
+        .await;
     st.replayed(&a, 1);
-    let a = st.post(&h("k-3", "wrong-token"), &body).await;
+    let a = st.post_json(&h("k-3", "wrong-token"), &body).await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(&[("idempotency-key", "k-4".to_string())], &body)
+        .post_json(&[("idempotency-key", "k-4".to_string())], &body)
         .await;
     st.refused(&a, 400, 1);
     let body2 = format!(r#"{{"object_kind":"tag_push","ref":"{}"}}"#, unique_id("t")).into_bytes();
-    let a = st.post(&h("k-5", "second-token"), &body2).await;
+    let a = st.post_json(&h("k-5", "second-token"), &body2).await;
     st.forwarded(&a, 2, &body2, "gitlab:k-5");
 }
 
@@ -418,31 +362,31 @@ async fn gitlab_signing_token_verifies_standard_webhooks() {
     };
     let now = now_secs();
     let a = st
-        .post(&h("m-1", now, sign(signing, "m-1", now, &body)), &body)
+        .post_json(&h("m-1", now, sign(signing, "m-1", now, &body)), &body)
         .await;
     st.forwarded(&a, 1, &body, "glsigned:m-1");
     let a = st
-        .post(&h("m-1", now, sign(signing, "m-1", now, &body)), &body)
+        .post_json(&h("m-1", now, sign(signing, "m-1", now, &body)), &body)
         .await;
     st.replayed(&a, 1);
     let good = sign(signing, "m-2", now, &body);
     let a = st
-        .post(&h("m-2", now, good.clone()), &flipped(&body, 4))
+        .post_json(&h("m-2", now, good.clone()), &flipped(&body, 4))
         .await;
     st.refused(&a, 401, 1);
     let stale = now - 3600;
     let a = st
-        .post(&h("m-3", stale, sign(signing, "m-3", stale, &body)), &body)
+        .post_json(&h("m-3", stale, sign(signing, "m-3", stale, &body)), &body)
         .await;
     st.refused(&a, 401, 1);
     let other = "whsec_dGhpcyBpcyBub3QgdGhlIGtleQ==";
     let a = st
-        .post(&h("m-4", now, sign(other, "m-4", now, &body)), &body)
+        .post_json(&h("m-4", now, sign(other, "m-4", now, &body)), &body)
         .await;
     st.refused(&a, 401, 1);
     let mut missing = h("m-5", now, good);
     missing.retain(|(k, _)| *k != "webhook-signature");
-    let a = st.post(&missing, &body).await;
+    let a = st.post_json(&missing, &body).await;
     st.refused(&a, 400, 1);
 }
 
@@ -462,23 +406,25 @@ async fn paddle_signature_rotation_and_window() {
         )]
     };
     let now = now_secs();
-    let a = st.post(&sign(&[s1], now, &body), &body).await;
+    let a = st.post_json(&sign(&[s1], now, &body), &body).await;
     st.forwarded(&a, 1, &body, &format!("paddle:{ev}"));
     // Paddle's retry: re-signed, same event.
-    let a = st.post(&sign(&[s1], now_secs(), &body), &body).await;
+    let a = st.post_json(&sign(&[s1], now_secs(), &body), &body).await;
     st.replayed(&a, 1);
-    let a = st.post(&sign(&[s1], now, &body), &flipped(&body, 6)).await;
+    let a = st
+        .post_json(&sign(&[s1], now, &body), &flipped(&body, 6))
+        .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&sign(&[s1], now - 600, &body), &body).await;
+    let a = st.post_json(&sign(&[s1], now - 600, &body), &body).await;
     st.refused(&a, 401, 1);
-    let a = st.post(&sign(&["pdl_other"], now, &body), &body).await;
+    let a = st.post_json(&sign(&["pdl_other"], now, &body), &body).await;
     st.refused(&a, 401, 1);
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.refused(&a, 400, 1);
     let ev2 = unique_id("evt");
     let body2 = format!(r#"{{"event_id":"{ev2}"}}"#).into_bytes();
     let a = st
-        .post(&sign(&["pdl_unknown", s2], now_secs(), &body2), &body2)
+        .post_json(&sign(&["pdl_unknown", s2], now_secs(), &body2), &body2)
         .await;
     st.forwarded(&a, 2, &body2, &format!("paddle:{ev2}"));
 }
@@ -512,20 +458,22 @@ async fn hubspot_v3_only_and_attempt_numbers_ignored() {
     };
     let now_ms = now_secs() * 1000;
     let body = body_at(0);
-    let a = st.post(&sign(s1, now_ms, &body), &body).await;
+    let a = st.post_json(&sign(s1, now_ms, &body), &body).await;
     st.forwarded(&a, 1, &body, &format!("hubspot:{ev}"));
-    let a = st.post(&sign(s1, now_ms, &body), &body).await;
+    let a = st.post_json(&sign(s1, now_ms, &body), &body).await;
     st.replayed(&a, 1);
     // HubSpot's retry bumps attemptNumber inside the signed body.
     let retry = body_at(1);
-    let a = st.post(&sign(s1, now_ms + 1000, &retry), &retry).await;
+    let a = st.post_json(&sign(s1, now_ms + 1000, &retry), &retry).await;
     st.replayed(&a, 1);
-    let a = st.post(&sign(s1, now_ms, &body), &flipped(&body, 15)).await;
+    let a = st
+        .post_json(&sign(s1, now_ms, &body), &flipped(&body, 15))
+        .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&sign("nope", now_ms, &body), &body).await;
+    let a = st.post_json(&sign("nope", now_ms, &body), &body).await;
     st.refused(&a, 401, 1);
     let old = now_ms - 600_000;
-    let a = st.post(&sign(s1, old, &body), &body).await;
+    let a = st.post_json(&sign(s1, old, &body), &body).await;
     st.refused(&a, 401, 1);
     // A v1 signature alone (SHA-256 of secret + body) is never accepted.
     let v1 = {
@@ -535,7 +483,7 @@ async fn hubspot_v3_only_and_attempt_numbers_ignored() {
         hex::encode(sha2::Sha256::digest(&m))
     };
     let a = st
-        .post(
+        .post_json(
             &[
                 ("x-hubspot-signature", v1),
                 ("x-hubspot-signature-version", "v1".into()),
@@ -546,7 +494,7 @@ async fn hubspot_v3_only_and_attempt_numbers_ignored() {
     st.refused(&a, 400, 1);
     let ev2 = ev + 1;
     let body2 = format!(r#"[{{"eventId":{ev2},"attemptNumber":0}}]"#).into_bytes();
-    let a = st.post(&sign(s2, now_ms, &body2), &body2).await;
+    let a = st.post_json(&sign(s2, now_ms, &body2), &body2).await;
     st.forwarded(&a, 2, &body2, &format!("hubspot:{ev2}"));
 }
 
@@ -564,14 +512,14 @@ async fn mailgun_claims_the_signed_token() {
     let now = now_secs();
     let token = unique_id("tok");
     let body = body_for(k1, now, &token, "ev-1", "a@example.com");
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.forwarded(&a, 1, &body, "mailgun:ev-1");
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.replayed(&a, 1);
     // The event data is unsigned: the captured token under other event data (a fresh
     // id, another recipient) is refused, never forwarded.
     let forged = body_for(k1, now, &token, "ev-2-forged", "b@example.com");
-    let a = st.post(&[], &forged).await;
+    let a = st.post_json(&[], &forged).await;
     assert_eq!(a.status, 422, "a reused token: {} {}", a.status, a.text());
     assert_eq!(st.upstream.count(), 1);
     // A flipped byte of the signed token; the wrong key; a stale timestamp; no signature.
@@ -581,28 +529,28 @@ async fn mailgun_claims_the_signed_token() {
         .windows(t2.len())
         .position(|w| w == t2.as_bytes())
         .unwrap();
-    let a = st.post(&[], &flipped(&good, pos + 2)).await;
+    let a = st.post_json(&[], &flipped(&good, pos + 2)).await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(
+        .post_json(
             &[],
             &body_for("wrong", now, &unique_id("tok"), "ev-4", "a@x"),
         )
         .await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(
+        .post_json(
             &[],
             &body_for(k1, now - 3600, &unique_id("tok"), "ev-5", "a@x"),
         )
         .await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(&[], br#"{"event-data":{"id":"ev-6","event":"delivered"}}"#)
+        .post_json(&[], br#"{"event-data":{"id":"ev-6","event":"delivered"}}"#)
         .await;
     st.refused(&a, 400, 1);
     let body2 = body_for(k2, now, &unique_id("tok"), "ev-7", "c@example.com");
-    let a = st.post(&[], &body2).await;
+    let a = st.post_json(&[], &body2).await;
     st.forwarded(&a, 2, &body2, "mailgun:ev-7");
 }
 
@@ -635,29 +583,31 @@ async fn sendgrid_ecdsa_batches_claimed_by_content() {
     )
     .into_bytes();
     let now = now_secs();
-    let a = st.post(&sign(&k1, now, &body), &body).await;
+    let a = st.post_json(&sign(&k1, now, &body), &body).await;
     st.forwarded(&a, 1, &body, &format!("sendgrid:{e1}"));
     // SendGrid's retry of the batch, re-signed later.
-    let a = st.post(&sign(&k1, now + 60, &body), &body).await;
+    let a = st.post_json(&sign(&k1, now + 60, &body), &body).await;
     st.replayed(&a, 1);
     // The trailing CRLF is signed: dropping it breaks the signature.
     let a = st
-        .post(&sign(&k1, now, &body), &body[..body.len() - 2])
+        .post_json(&sign(&k1, now, &body), &body[..body.len() - 2])
         .await;
     st.refused(&a, 401, 1);
-    let a = st.post(&sign(&k1, now, &body), &flipped(&body, 10)).await;
+    let a = st
+        .post_json(&sign(&k1, now, &body), &flipped(&body, 10))
+        .await;
     st.refused(&a, 401, 1);
     let k3 = py(json!({"op":"ec_keygen"}));
-    let a = st.post(&sign(&k3, now, &body), &body).await;
+    let a = st.post_json(&sign(&k3, now, &body), &body).await;
     st.refused(&a, 401, 1);
     let stale = now - 2 * 86_400;
-    let a = st.post(&sign(&k1, stale, &body), &body).await;
+    let a = st.post_json(&sign(&k1, stale, &body), &body).await;
     st.refused(&a, 401, 1);
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.refused(&a, 400, 1);
     let e2 = unique_id("sg");
     let body2 = format!("[{{\"event\":\"bounce\",\"sg_event_id\":\"{e2}\"}}]\r\n").into_bytes();
-    let a = st.post(&sign(&k2, now, &body2), &body2).await;
+    let a = st.post_json(&sign(&k2, now, &body2), &body2).await;
     st.forwarded(&a, 2, &body2, &format!("sendgrid:{e2}"));
 }
 
@@ -688,26 +638,26 @@ async fn adyen_checks_every_item_and_fingerprints_whole_items() {
     let psp = unique_id("PSP");
     let body = signed(k1, vec![item(&psp, "ok")]);
     let key = format!("adyen:{psp}:AUTHORISATION:true");
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.forwarded(&a, 1, &body, &key);
-    let a = st.post(&[], &body).await;
+    let a = st.post_json(&[], &body).await;
     st.replayed(&a, 1);
     // An unsigned field changed under the same signature: the same key, another
     // fingerprint: refused with 422, never forwarded.
     let altered = String::from_utf8(body.clone())
         .unwrap()
         .replace("\"ok\"", "\"ko\"");
-    let a = st.post(&[], altered.as_bytes()).await;
+    let a = st.post_json(&[], altered.as_bytes()).await;
     assert_eq!(a.status, 422, "{} {}", a.status, a.text());
     assert_eq!(st.upstream.count(), 1);
     // A signed field changed: 401.
     let tampered = String::from_utf8(body.clone())
         .unwrap()
         .replace("1130", "1131");
-    let a = st.post(&[], tampered.as_bytes()).await;
+    let a = st.post_json(&[], tampered.as_bytes()).await;
     st.refused(&a, 401, 1);
     let a = st
-        .post(&[], &signed("00FF", vec![item(&unique_id("PSP"), "ok")]))
+        .post_json(&[], &signed("00FF", vec![item(&unique_id("PSP"), "ok")]))
         .await;
     st.refused(&a, 401, 1);
     // A batch: every item is checked; one unsigned item refuses the whole request.
@@ -720,10 +670,10 @@ async fn adyen_checks_every_item_and_fingerprints_whole_items() {
         .as_object_mut()
         .unwrap()
         .remove("hmacSignature");
-    let a = st.post(&[], batch.to_string().as_bytes()).await;
+    let a = st.post_json(&[], batch.to_string().as_bytes()).await;
     st.refused(&a, 400, 1);
     let psp2 = unique_id("PSP");
     let body2 = signed(k2, vec![item(&psp2, "ok"), item(&unique_id("PSP"), "ok")]);
-    let a = st.post(&[], &body2).await;
+    let a = st.post_json(&[], &body2).await;
     st.forwarded(&a, 2, &body2, &format!("adyen:{psp2}:AUTHORISATION:true"));
 }

@@ -9,6 +9,7 @@
 
 use std::process::Command;
 
+use crate::common::preset_stack::*;
 use crate::common::*;
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -20,102 +21,10 @@ fn py(req: Value) -> Value {
     crate::common::signer::sign_with("sign.py", &req)
 }
 
-fn b64(b: &[u8]) -> String {
-    B64.encode(b)
-}
-
 use crate::common::signer::text as s;
 
-fn route(name: &str, provider: &str, secrets: &[&str], extra: &str) -> RouteCfg {
-    RouteCfg {
-        name: name.into(),
-        path: format!("/hooks/{name}"),
-        provider: provider.into(),
-        secrets: secrets.iter().map(|s| s.to_string()).collect(),
-        tolerance: None,
-        key: None,
-        extra: extra.into(),
-    }
-}
-
-struct Stack {
-    sidecar: Sidecar,
-    upstream: Upstream,
-    _redis: RedisServer,
-}
-
 async fn stack(r: RouteCfg) -> Stack {
-    let redis = RedisServer::start_new();
-    let upstream = Upstream::start().await;
-    let sidecar = SidecarBuilder::new(&upstream.url(), &redis.url())
-        .route(r)
-        .start()
-        .await;
-    Stack {
-        sidecar,
-        upstream,
-        _redis: redis,
-    }
-}
-
-impl Stack {
-    async fn post(&self, path: &str, headers: &[(&str, String)], body: &[u8]) -> Answer {
-        let h: Vec<(String, String)> = headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        post(
-            &self.sidecar.client,
-            &self.sidecar.url(path),
-            &h,
-            body.to_vec(),
-        )
-        .await
-        .expect("HTTP exchange")
-    }
-
-    /// Asserts a first delivery: the upstream's answer, and the upstream got the body
-    /// byte for byte with the route's idempotency key.
-    fn forwarded(&self, a: &Answer, count: usize, body: &[u8], idem: &str) {
-        assert_eq!(a.status, 200, "expected forwarding, got {a:?} {}", a.text());
-        assert!(!a.replayed());
-        assert_eq!(self.upstream.count(), count, "upstream count");
-        let last = self.upstream.last();
-        assert_eq!(&last.body[..], body, "forwarded body byte for byte");
-        assert_eq!(last.header("idempotency-key").as_deref(), Some(idem));
-    }
-
-    /// Asserts a duplicate: the stored answer, marked replayed, nothing forwarded.
-    fn replayed(&self, a: &Answer, count: usize, stored_body: &[u8]) {
-        assert_eq!(a.status, 200, "expected a replay, got {a:?} {}", a.text());
-        assert!(a.replayed(), "answer not marked replayed: {a:?}");
-        assert_eq!(a.body, stored_body);
-        assert_eq!(
-            self.upstream.count(),
-            count,
-            "a duplicate must not be forwarded"
-        );
-    }
-
-    fn refused(&self, a: &Answer, status: u16, count: usize) {
-        let code = if status == 401 {
-            "invalid_signature"
-        } else {
-            "bad_request"
-        };
-        a.assert_error(status, code);
-        assert_eq!(
-            self.upstream.count(),
-            count,
-            "a refused delivery is not forwarded"
-        );
-    }
-}
-
-const UPSTREAM_OK: &[u8] = br#"{"ok":true}"#;
-
-fn json_h() -> (&'static str, String) {
-    ("content-type", "application/json".to_string())
+    Stack::start(r).await
 }
 
 #[tokio::test]
@@ -138,9 +47,9 @@ async fn github_signed_forwarded_replayed_and_guarded_by_content() {
     let a = st.post(path, &h("d-1", &sig), &body).await;
     st.forwarded(&a, 1, &body, "gh:d-1");
     let a = st.post(path, &h("d-1", &sig), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     // Claimed under the body's hash, in one Redis Cluster slot: {prefix}:{route:key}.
-    let keys = st._redis.keys();
+    let keys = st.redis.keys();
     assert!(
         keys.iter()
             .any(|k| k.starts_with("idemgate-test:{gh:sha256:") && k.ends_with('}')),
@@ -148,7 +57,7 @@ async fn github_signed_forwarded_replayed_and_guarded_by_content() {
     );
     // The unsigned-key guard: the captured request under a fresh delivery ID.
     let a = st.post(path, &h("d-2-forged", &sig), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     // Tampered: one byte of the body changed under the same signature.
     let mut tampered = body.clone();
     tampered[3] ^= 1;
@@ -196,7 +105,7 @@ async fn stripe_signed_forwarded_replayed_rotated() {
     st.forwarded(&a, 1, &body, &format!("stripe:{evt}"));
     // Stripe's retry: the same body, re-signed with a later timestamp.
     let a = st.post(path, &h(sign(&[s1], now + 1, &body)), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let mut tampered = body.clone();
     tampered[10] ^= 1;
     let a = st.post(path, &h(sign(&[s1], now, &body)), &tampered).await;
@@ -250,9 +159,9 @@ async fn shopify_composite_key_and_content_guard() {
     let a = st.post(path, &h("e-1", sign(s1, &body)), &body).await;
     st.forwarded(&a, 1, &body, "shop:e-1:orders/create:s.myshopify.com");
     let a = st.post(path, &h("e-1", sign(s1, &body)), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let a = st.post(path, &h("e-forged", sign(s1, &body)), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     // Shopify sends one order JSON under several topics: each is its own event.
     let mut paid = h("e-paid", sign(s1, &body));
     paid.iter_mut()
@@ -298,7 +207,7 @@ async fn slack_events_and_slash_commands() {
     let mut retry = h(now + 2, sign(s1, now + 2, &body));
     retry.push(("x-slack-retry-num", "1".into()));
     let a = st.post(path, &retry, &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let mut tampered = body.clone();
     tampered[4] ^= 1;
     let a = st
@@ -397,13 +306,13 @@ async fn alipay_rsa2_notifications_get_the_stored_success() {
     assert_eq!(a.body, b"success");
     // Alipay retries until it sees `success`: the duplicate gets it from the store.
     let a = st.post(path, &form(), &body).await;
-    st.replayed(&a, 2, b"success");
+    st.replayed_with(&a, 2, b"success");
     // A resend with another notify_time (signed anew) is still the same notification.
     let mut resend_fields = notify(&id1, "9.90", "语雀空间");
     resend_fields[2][1] = json!("2026-01-01 10:02:00");
     let resend = sign(&k1, resend_fields, false, "utf-8");
     let a = st.post(path, &form(), &resend).await;
-    st.replayed(&a, 2, b"success");
+    st.replayed_with(&a, 2, b"success");
     // Tampered: the amount changed after signing.
     let tampered = String::from_utf8(body.clone())
         .unwrap()
@@ -573,9 +482,9 @@ async fn twilio_form_and_json_with_the_content_guard() {
     let a = st.post(path, &h("tok-1", sig.clone()), &body).await;
     st.forwarded(&a, 1, &body, "twilio:tok-1");
     let a = st.post(path, &h("tok-1", sig.clone()), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let a = st.post(path, &h("tok-forged", sig.clone()), &body).await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let tampered = String::from_utf8(body.clone())
         .unwrap()
         .replace("completed", "completes")
@@ -633,7 +542,7 @@ async fn custom_hmac_with_timestamp_prefix_and_base64() {
             &body,
         )
         .await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let mut tampered = body.clone();
     tampered[1] ^= 1;
     let a = st
@@ -684,7 +593,7 @@ async fn standard_v1a_ed25519_from_an_independent_signer() {
     let a = st
         .post(path, &h(now + 1, sign(now + 1, &body)), &body)
         .await;
-    st.replayed(&a, 1, UPSTREAM_OK);
+    st.replayed_with(&a, 1, UPSTREAM_OK);
     let mut tampered = body.clone();
     tampered[2] ^= 1;
     let a = st.post(path, &h(now, sign(now, &body)), &tampered).await;

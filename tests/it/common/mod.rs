@@ -13,6 +13,7 @@ pub mod browser;
 pub mod cluster;
 pub mod load;
 pub mod monitor;
+pub mod preset_stack;
 pub mod signer;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
