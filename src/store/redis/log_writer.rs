@@ -47,6 +47,9 @@ pub(crate) enum WriteKind {
     Copy,
 }
 
+/// One queue slot; nearly every message is a `Write`, so boxing it to shrink the rare
+/// `Flush` would cost an allocation per delivery.
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     Write(LogWrite),
     Flush(oneshot::Sender<()>),
@@ -215,15 +218,22 @@ fn add(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
     }
     if let Some(index) = &w.index {
         pipe.cmd("ZADD").arg(index).arg(w.now).arg(&w.key).ignore();
-        pipe.cmd("ZREMRANGEBYRANK")
-            .arg(index)
-            .arg(0)
-            .arg(-(RECENT_PER_ROUTE as i64) - 1)
-            .ignore();
-        let expire = pipe.cmd("PEXPIRE").arg(index).arg(ttls.index);
         if matches!(w.kind, WriteKind::Copy) {
-            expire.arg("NX");
+            // A copy moves a member it finds (a re-added one overshoots the cap by one
+            // until the next claim trims); it gives the index a lifetime only when it
+            // has none (it re-created it).
+            pipe.cmd("PEXPIRE")
+                .arg(index)
+                .arg(ttls.index)
+                .arg("NX")
+                .ignore();
+        } else {
+            pipe.cmd("ZREMRANGEBYRANK")
+                .arg(index)
+                .arg(0)
+                .arg(-(RECENT_PER_ROUTE as i64) - 1)
+                .ignore();
+            pipe.cmd("PEXPIRE").arg(index).arg(ttls.index).ignore();
         }
-        expire.ignore();
     }
 }

@@ -568,6 +568,10 @@ impl crate::store::log::DeliveryLog for RedisStore {
     async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
         self.forget_key(key).await
     }
+
+    async fn flush(&self) {
+        self.flush_log().await
+    }
 }
 
 impl Store for RedisStore {
