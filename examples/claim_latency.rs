@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cluster::{Node, RedisCluster, SentinelSet, cli};
 use idemgate::providers::fingerprint_body;
+use idemgate::store::log::DeliveryLog;
 use idemgate::store::{Claim, DeliveryKey, Lifetimes, RedisStore, Store, StoredResponse};
 
 const LIFETIMES: Lifetimes = Lifetimes {
@@ -125,8 +126,10 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
     let Claim::Claimed(t) = store.claim(&k, &fp, None).await.expect("claim") else {
         panic!("not claimed")
     };
+    // The log hash is written off the claim's path: reading the log waits for it.
+    let _ = store.log_entry(&k).await;
     let state = store.state_key(&k);
-    let lock = format!("{state}:lock");
+    let record = format!("{state}:claim");
     let usage = |key: &str| server.cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
     println!(
         "{label}: answer = status {}, {} B headers, {} B body",
@@ -135,19 +138,19 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
         answer.body.len()
     );
     println!(
-        "  in flight:  state hash {} B, lock {} B (key {state:?})",
+        "  in flight:  log hash {} B, claim record {} B (key {state:?})",
         usage(&state),
-        usage(&lock)
+        usage(&record)
     );
     store
         .complete(&k, t, &answer, None)
         .await
         .expect("complete");
     println!(
-        "  completed:  state hash {} B ({}), lock exists: {}",
+        "  completed:  log hash {} B ({}), claim record {} B",
         usage(&state),
         server.cli(&["OBJECT", "ENCODING", &state]),
-        server.cli(&["EXISTS", &lock])
+        usage(&record)
     );
 
     let used = || -> i64 {

@@ -312,6 +312,8 @@ impl<S: Store> Bound<S> {
                 .wait(grace.saturating_sub(draining_since.elapsed()))
                 .await;
         }
+        // The delivery log's writes still queued off the claim path (log_writer.rs).
+        crate::store::log::DeliveryLog::flush(gate.store()).await;
         match drained {
             Ok(()) => tracing::info!("all deliveries drained"),
             Err(_) => tracing::warn!(

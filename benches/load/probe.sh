@@ -6,7 +6,9 @@
 #   cargo build --release && benches/load/probe.sh
 # Switches: BIN= another idemgate binary; LOG= its IDEMGATE_LOG (info); DUP= share of
 # duplicates (0); CONNS= wrk connections (32); NOSTORE=1 the memory store; RPIN=/IPIN=
-# a prefix for redis-server/idemgate (e.g. "taskset -c 1"); PERF=1 a profile in
+# a prefix for redis-server/idemgate (e.g. "taskset -c 1"); WT= idemgate's
+# worker_threads (1); MODE=async the route in async mode (then also prints how many of
+# the accepted deliveries were still queued at the end); PERF=1 a profile in
 # $OUT/perf.data (PERF_F= frequency, PERF_CG= call-graph option); SYSC=1 syscall and
 # context-switch counts; STRACE=1 strace -c; STATS=1 Redis INFO commandstats.
 # OUT (/tmp/prof) keeps what the switches record.
@@ -23,6 +25,8 @@ NGINX_WORKERS=1 start_upstream
 IG_PORT=$(free_port); IG_ADMIN=$(free_port)
 store_url="redis://127.0.0.1:$REDIS_PORT/0"; [ -n "${NOSTORE:-}" ] && store_url=""
 idemgate_config "$work/ig.toml" "$IG_PORT" "$IG_ADMIN" "$store_url"
+[ -n "${WT:-}" ] && sed -i "1i worker_threads = $WT" "$work/ig.toml"
+[ "${MODE:-sync}" = async ] && echo 'mode = "async"' >>"$work/ig.toml"
 IDEMGATE_LOG=${LOG:-info} ${IPIN:-} ${BIN:-target/release/idemgate} run --config "$work/ig.toml" 2>/dev/null &
 IP=$!; pids+=($IP); wait_port "$IG_ADMIN"
 python3 benches/load/gen_requests.py "$work/fresh" 2 150000 "${DUP:-0}" "$SECRET"
@@ -39,4 +43,5 @@ IDEMGATE_LOAD_DIR=$work/fresh wrk -t2 -c"${CONNS:-32}" -d5s -s benches/load/deli
 echo "machine idle ticks (of $(( $(nproc) * 500 ))) $(( $(awk '/^cpu /{print $5+$6}' /proc/stat) - idle0 ))"
 echo "cpu ticks: idemgate $(( $(ticks $IP) - t0i )) redis $(( $(ticks $RP) - t0r )) nginx-upstream $(( $(ticks "$UPW") - t0n ))"
 [ -n "${STATS:-}" ] && redis-cli -p "$REDIS_PORT" info commandstats | grep -v "^#"
+[ "${MODE:-sync}" = async ] && echo "still queued at the end: $(redis-cli -p "$REDIS_PORT" XLEN 'idemgate:queue:{load}')"
 exit 0

@@ -224,6 +224,10 @@ impl<S: Store> crate::store::log::DeliveryLog for Breaker<S> {
     async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
         self.inner.forget(key).await
     }
+
+    async fn flush(&self) {
+        self.inner.flush().await
+    }
 }
 
 impl<S: Store> Store for Breaker<S> {

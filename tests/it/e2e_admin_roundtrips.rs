@@ -1,10 +1,11 @@
-//! The delivery log adds no round trip: with the admin API on and
+//! The delivery log adds no round trip a delivery waits for: with the admin API on and
 //! `keep_payload = true`, a first delivery is still claim + complete, a copy one claim,
 //! and a failed one claim + release — counted with `MONITOR`, as in e2e_roundtrips.rs
-//! (both use `common::monitor::Monitor`).
+//! (both use `common::monitor::Monitor`). The log's own writes are the log writer's
+//! pipeline, off the delivery's path.
 
 use crate::common::admin;
-use crate::common::monitor::Monitor;
+use crate::common::monitor::{Monitor, path_and_log};
 use crate::common::*;
 
 #[tokio::test]
@@ -21,17 +22,18 @@ async fn the_log_and_a_kept_request_ride_in_the_same_scripts() {
     monitor.client_commands_until_marker(&redis, "m0").await;
     let d = Delivery::fresh();
     assert_eq!(sidecar.send(&d).await.status, 200);
-    let first = monitor.client_commands_until_marker(&redis, "m1").await;
-    assert_eq!(first, vec!["EVALSHA", "EVALSHA"], "claim + complete");
+    let path = |cmds| path_and_log(cmds).0;
+    let first = path(monitor.client_commands_until_marker(&redis, "m1").await);
+    assert_eq!(first, vec!["SET", "EVALSHA"], "claim + complete");
     assert!(sidecar.send(&d).await.replayed());
-    let dup = monitor.client_commands_until_marker(&redis, "m2").await;
-    assert_eq!(dup, vec!["EVALSHA"], "a copy is one claim");
+    let dup = path(monitor.client_commands_until_marker(&redis, "m2").await);
+    assert_eq!(dup, vec!["SET"], "a copy is one claim");
     upstream.push_modes(vec![Mode::Status(500)]);
     assert_eq!(sidecar.send(&Delivery::fresh()).await.status, 500);
-    let failed = monitor.client_commands_until_marker(&redis, "m3").await;
-    assert_eq!(failed, vec!["EVALSHA", "EVALSHA"], "claim + release");
+    let failed = path(monitor.client_commands_until_marker(&redis, "m3").await);
+    assert_eq!(failed, vec!["SET", "EVALSHA"], "claim + release");
 
-    // …and the log and the index were written by them.
+    // …and the log and the index were written, by the log writer and the scripts.
     let list = admin::api(&sidecar, "GET", "/admin/deliveries", Some(admin::TOKEN)).await;
     assert_eq!(list.json["deliveries"].as_array().unwrap().len(), 4);
     let e = admin::api(

@@ -48,11 +48,23 @@ fn dlq_len(redis: &RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
+/// The key's status as its claim record says (src/store/redis/record.rs): `p`
+/// processing, `q` queued, `c` completed; no record is released (or never seen).
 fn key_status(redis: &RedisServer, id: &str) -> String {
-    redis
-        .cli(&["HGET", &format!("{PREFIX}:{{{ROUTE}:{id}}}"), "status"])
-        .trim()
-        .to_string()
+    let tag = redis.cli(&[
+        "GETRANGE",
+        &format!("{PREFIX}:{{{ROUTE}:{id}}}:claim"),
+        "0",
+        "0",
+    ]);
+    match tag.trim() {
+        "p" => "processing",
+        "q" => "queued",
+        "c" => "completed",
+        "r" => "replaying",
+        _ => "",
+    }
+    .to_string()
 }
 
 async fn wait_status(redis: &RedisServer, id: &str, want: &str, deadline: Duration) {

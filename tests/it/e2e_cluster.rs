@@ -539,8 +539,8 @@ async fn sentinel_demoted_master_is_never_written_to() {
         }
     }
     eprintln!("sentinel: demotion followed after {errors} store error(s)");
-    let lock = format!("{}:lock", s.state_key(&k2));
-    assert_eq!(cli(new, &["EXISTS", &lock]), "1", "not on the new master");
+    let record = format!("{}:claim", s.state_key(&k2));
+    assert_eq!(cli(new, &["EXISTS", &record]), "1", "not on the new master");
     assert_eq!(cli(new, &["ROLE"]).lines().next(), Some("master"));
     // The first claim survived the failover (it replicated before the switch).
     assert!(matches!(
@@ -549,9 +549,9 @@ async fn sentinel_demoted_master_is_never_written_to() {
     ));
 }
 
-/// A managed one-shard Redis in cluster mode behind one `redis://` endpoint: the
-/// logged claim would name the recent index (another slot) and get `CROSSSLOT`; the
-/// store notices and runs the scripts without it.
+/// A managed one-shard Redis in cluster mode behind one `redis://` endpoint: a logged
+/// release would name the recent index (another slot) and get `CROSSSLOT`; the store
+/// notices and runs the scripts without it. (Plain claims name one key per command.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index() {
     let node = Node::single_shard_cluster();
@@ -567,6 +567,20 @@ async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index
     assert!(matches!(
         s.claim(&k, &fp, LOGGED).await,
         Ok(Claim::InFlight { .. })
+    ));
+    let Ok(Claim::Claimed(t)) = claim else {
+        unreachable!()
+    };
+    let failed = idemgate::store::log::Settled {
+        outcome: idemgate::store::log::LogOutcome::UpstreamError,
+        upstream_status: Some(500),
+        latency_ms: 1,
+        restore_completed: false,
+    };
+    assert!(s.release(&k, t, Some(&failed)).await.unwrap());
+    assert!(matches!(
+        s.claim(&k, &fp, LOGGED).await,
+        Ok(Claim::Claimed(_))
     ));
     assert_eq!(
         s.log_support(),

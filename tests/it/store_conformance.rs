@@ -382,35 +382,56 @@ conformance! {
 
 // ---- Redis-only properties -------------------------------------------------------
 
-/// Both keys of a delivery carry the same `{route:key}` hash tag, and carry TTLs.
+/// The keys of a delivery carry the same `{route:key}` hash tag, and carry TTLs: the
+/// claim record lives for the lease while processing, the log hash longer; the record
+/// holds the owner's token and the payload's fingerprint.
 #[tokio::test]
 async fn redis_keys_share_a_hash_tag_and_expire() {
     let server = RedisServer::start_new();
     let s = RedisStore::new(&server.url(), "pfx", LONG, Duration::from_secs(1)).unwrap();
     let k = key("evt_tag");
-    claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+    // The log's hash is written off the claim's path: reading the log waits for it.
+    assert!(s.log_entry(&k).await.unwrap().is_some());
     let mut keys = server.keys();
     keys.sort();
     assert_eq!(
         keys,
         vec![
             "pfx:{route:evt_tag}".to_string(),
-            "pfx:{route:evt_tag}:lock".to_string()
+            "pfx:{route:evt_tag}:claim".to_string()
         ]
     );
-    let lock_ttl: i64 = server
-        .cli(&["PTTL", "pfx:{route:evt_tag}:lock"])
+    let record_ttl: i64 = server
+        .cli(&["PTTL", "pfx:{route:evt_tag}:claim"])
         .parse()
         .unwrap();
-    assert!(lock_ttl > 0 && lock_ttl <= 30_000, "{lock_ttl}");
-    let state_ttl: i64 = server
+    assert!(record_ttl > 0 && record_ttl <= 30_000, "{record_ttl}");
+    let log_ttl: i64 = server
         .cli(&["PTTL", "pfx:{route:evt_tag}"])
         .parse()
         .unwrap();
-    assert!(state_ttl > 30_000 && state_ttl <= 3_600_000, "{state_ttl}");
+    assert!(log_ttl > 30_000 && log_ttl <= 3_600_000, "{log_ttl}");
     assert_eq!(
-        server.cli(&["HGET", "pfx:{route:evt_tag}", "status"]),
-        "processing"
+        server.cli(&["GET", "pfx:{route:evt_tag}:claim"]),
+        format!("p|{}|{}", t.to_hex(), hex::encode(fp("a")))
+    );
+    // Completed: the record holds the answer for `retention`.
+    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
+    let record_ttl: i64 = server
+        .cli(&["PTTL", "pfx:{route:evt_tag}:claim"])
+        .parse()
+        .unwrap();
+    assert!(
+        record_ttl > 30_000 && record_ttl <= 3_600_000,
+        "{record_ttl}"
+    );
+    assert!(
+        server
+            .cli(&["GET", "pfx:{route:evt_tag}:claim"])
+            .starts_with(&format!("c|{}|201|", hex::encode(fp("a")))),
+        "{}",
+        server.cli(&["GET", "pfx:{route:evt_tag}:claim"])
     );
 }
 
@@ -521,6 +542,8 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
     for i in 0..30 {
         let k = key(&format!("evt_{i}"));
         let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
+        // The log's hash is written off the claim's path: reading the log waits for it.
+        assert!(s.log_entry(&k).await.unwrap().is_some());
         let state = s.state_key(&k);
         let port = cluster.master_of(&state);
         let keys = cluster.keys_on(port);
@@ -529,8 +552,8 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
             "{state} not on its slot's master {port}"
         );
         assert!(
-            keys.contains(&format!("{state}:lock")),
-            "lock not beside {state}"
+            keys.contains(&format!("{state}:claim")),
+            "claim record not beside {state}"
         );
         assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
         assert_eq!(

@@ -1,17 +1,20 @@
 //! The delivery log on Redis: the log's arguments to the claim, complete and release
 //! scripts, and the operator's reads of each delivery's status hash.
 //!
-//! The log is the status hash itself, plus a few fields written by the same claim,
-//! complete and release scripts (extra ARGV, so no extra round trip): `outcome`,
-//! `up_status`, `latency_ms`, `replays` and, with `keep_payload`, `req_method`,
-//! `req_path`, `req_headers`, `req_body`.
+//! The log is a hash per delivery beside its claim record (record.rs): `fp`,
+//! `attempts`, `duplicates`, `first_seen`, `last_seen` and, with `keep_payload`,
+//! `req_method`, `req_path`, `req_headers`, `req_body`, written for plain claims by the
+//! log writer (log_writer.rs), and `resp_status`, `outcome`, `up_status`,
+//! `latency_ms`, `replays` written by the complete, release and replay scripts (extra
+//! ARGV, so no extra round trip). A delivery's status is read off its record, never
+//! off the hash.
 //!
 //! The recent index is a sorted set per route, `{prefix}:recent:{<route>}`, scored by
 //! the last claim or copy (Unix ms; the complete script leaves it alone), trimmed to
-//! [`RECENT_PER_ROUTE`] inside the scripts and living `retention + lease`. Its hash
-//! tag differs from the delivery's, so on a standalone server or a Sentinel-managed
-//! master the scripts take it as `KEYS[3]`; on a Redis Cluster it would be a second
-//! slot, which a script may not touch, and the index is not written at all: listing
+//! [`RECENT_PER_ROUTE`] and living `retention + lease`. Its hash tag differs from the
+//! delivery's, so on a standalone server or a Sentinel-managed master the scripts take
+//! it as `KEYS[4]`; on a Redis Cluster it would be a second slot, which a script may
+//! not touch, and the index is not written at all: listing
 //! answers "not available on Redis Cluster", while show, forget and replay (by key)
 //! work everywhere. (A pipelined `ZADD` would be one round trip on one node, but the
 //! cluster client splits a pipeline per node, and on one node it would show as a
@@ -20,15 +23,14 @@
 use redis::Value;
 
 use super::connection::Connection;
-use super::{Call, RedisStore, ScriptDef, bytes_of, int_of, ms, status_of};
+use super::{Call, Keys, RedisStore, ScriptDef, bytes_of, int_of, ms};
 use crate::store::log::{
     ClaimLog, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
-use crate::store::{DeliveryKey, StoreError};
+use crate::store::{DeliveryKey, Status, StoreError};
 
 /// The hash fields a listing reads, in order.
-const FIELDS: [&str; 13] = [
-    "status",
+const FIELDS: [&str; 11] = [
     "fp",
     "attempts",
     "duplicates",
@@ -40,8 +42,11 @@ const FIELDS: [&str; 13] = [
     "latency_ms",
     "replays",
     "req_method",
-    "restore",
 ];
+
+/// How much of a record the log reads: its tag, the token and the fingerprint
+/// (`p|<32>|<64>` is the longest head), not the stored answer.
+const RECORD_HEAD: i64 = 127;
 
 /// How many index entries one listing reads per round trip.
 const BATCH: usize = 200;
@@ -60,27 +65,63 @@ fn num(f: &Fields, i: usize) -> Option<u64> {
     text(f, i).and_then(|s| s.parse().ok())
 }
 
-fn entry_of(route: &str, key: &str, f: &Fields, claimed: bool) -> Option<LogEntry> {
-    let restores = text(f, 12).as_deref() == Some("1") && text(f, 6).is_some();
-    let status = status_of(text(f, 0).as_deref(), restores, claimed)?;
+/// A delivery's status and whether a claim holds it, from its record's head and
+/// whether its lock is held (record.rs); a hash without a record is a released (or
+/// lapsed) claim, and one without `first_seen` is no delivery (a fragment a late log
+/// write re-created after a forget).
+fn status_of(head: &[u8], locked: bool, f: &Fields) -> Option<(Status, bool)> {
+    Some(match head.first() {
+        Some(b'p') => (Status::Processing, true),
+        Some(b'q') => (Status::Queued, locked),
+        Some(b'r') if locked => (Status::Processing, true),
+        Some(b'c' | b'r') => (Status::Completed, locked),
+        _ if text(f, 3).is_some() => (Status::Released, locked),
+        _ => return None,
+    })
+}
+
+/// The fingerprint in a record's head, if it holds one.
+fn record_fp(head: &[u8]) -> Option<String> {
+    let rest = head.get(2..)?;
+    let fp = match head.first()? {
+        b'p' => rest.get(33..)?,
+        _ => rest.split(|&c| c == b'|').next()?,
+    };
+    String::from_utf8(fp.to_vec())
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+fn entry_of(route: &str, key: &str, f: &Fields, head: &[u8], locked: bool) -> Option<LogEntry> {
+    let (status, claimed) = status_of(head, locked, f)?;
     Some(LogEntry {
         route: route.to_string(),
         key: key.to_string(),
         status,
         claimed,
-        fingerprint: text(f, 1).unwrap_or_default(),
-        attempts: num(f, 2).unwrap_or(0),
-        duplicates: num(f, 3).unwrap_or(0),
-        first_seen: num(f, 4).unwrap_or(0),
-        last_seen: num(f, 5).unwrap_or(0),
-        response_status: num(f, 6).and_then(|s| u16::try_from(s).ok()),
-        outcome: text(f, 7),
-        upstream_status: num(f, 8).and_then(|s| u16::try_from(s).ok()),
-        latency_ms: num(f, 9),
-        replays: num(f, 10).unwrap_or(0),
-        has_request: text(f, 11).is_some(),
+        fingerprint: record_fp(head).or_else(|| text(f, 0)).unwrap_or_default(),
+        attempts: num(f, 1).unwrap_or(0),
+        duplicates: num(f, 2).unwrap_or(0),
+        first_seen: num(f, 3).unwrap_or(0),
+        last_seen: num(f, 4).unwrap_or(0),
+        response_status: num(f, 5).and_then(|s| u16::try_from(s).ok()),
+        outcome: text(f, 6),
+        upstream_status: num(f, 7).and_then(|s| u16::try_from(s).ok()),
+        latency_ms: num(f, 8),
+        replays: num(f, 9).unwrap_or(0),
+        has_request: text(f, 10).is_some(),
         request: None,
     })
+}
+
+/// One delivery's reads in a pipeline: its hash's fields, its record's head, its lock.
+fn read_entry(pipe: &mut redis::Pipeline, keys: &Keys) {
+    pipe.cmd("HMGET").arg(&keys.log).arg(&FIELDS[..]);
+    pipe.cmd("GETRANGE")
+        .arg(&keys.record)
+        .arg(0)
+        .arg(RECORD_HEAD);
+    pipe.cmd("EXISTS").arg(&keys.lock);
 }
 
 impl RedisStore {
@@ -106,18 +147,15 @@ impl RedisStore {
         format!("{}:recent:{{{route}}}", self.prefix)
     }
 
-    /// A logged claim's arguments after the claim's own (see claim.lua): the index's
-    /// trim, the delivery's key, whether it is a replay, and the kept request.
+    /// A replay's arguments after the claim's own (see replay.lua): the index's trim,
+    /// the delivery's key, and the kept request.
     pub(super) fn claim_log_args<'a>(
         &self,
         call: Call<'a>,
         key: &DeliveryKey,
         log: ClaimLog<'_>,
     ) -> Call<'a> {
-        let mut call = call
-            .arg(RECENT_PER_ROUTE)
-            .arg(key.key.as_str())
-            .arg(if log.replay { "1" } else { "0" });
+        let mut call = call.arg(RECENT_PER_ROUTE).arg(key.key.as_str());
         if let Some(k) = log.kept {
             call = call
                 .arg(k.method.as_str())
@@ -142,7 +180,9 @@ impl RedisStore {
     }
 
     /// A logged release's arguments after the release's own (see release.lua): how the
-    /// upstream call went, whether to go back to `completed`, and the index's upkeep.
+    /// upstream call went, and the index's upkeep. (Whether the key goes back to
+    /// `completed` is the record's to say: a replay of a completed key holds the lock
+    /// over an `r` record, so `Settled::restore_completed` needs no argument here.)
     pub(super) fn release_log_args<'a>(
         &self,
         call: Call<'a>,
@@ -150,10 +190,9 @@ impl RedisStore {
         settled: &Settled,
     ) -> Call<'a> {
         self.complete_log_args(call, settled)
-            .arg(if settled.restore_completed { "1" } else { "0" })
             .arg(key.key.as_str())
             .arg(RECENT_PER_ROUTE)
-            // The index's lifetime, as the claim script sets it (see claim.lua).
+            // The index's lifetime, as a claim sets it (log_writer.rs).
             .arg(ms(self
                 .lifetimes
                 .retention
@@ -164,20 +203,20 @@ impl RedisStore {
         &self,
         key: &DeliveryKey,
     ) -> Result<Option<LogEntry>, StoreError> {
-        let (state, lock) = self.keys(key);
+        self.flush_log().await;
+        let keys = self.keys(key);
         let mut conn = self.conn.clone();
         let mut pipe = redis::pipe();
-        pipe.cmd("HMGET")
-            .arg(&state)
-            .arg(&FIELDS[..])
-            .cmd("EXISTS")
-            .arg(&lock)
-            .cmd("HMGET")
-            .arg(&state)
-            .arg(&["req_method", "req_path", "req_headers", "req_body"]);
-        let (fields, locked, req): (Fields, i64, Fields) =
+        read_entry(&mut pipe, &keys);
+        pipe.cmd("HMGET").arg(&keys.log).arg(&[
+            "req_method",
+            "req_path",
+            "req_headers",
+            "req_body",
+        ]);
+        let (fields, head, locked, req): (Fields, Vec<u8>, i64, Fields) =
             self.bounded(pipe.query_async(&mut conn)).await?;
-        let Some(mut entry) = entry_of(&key.route, &key.key, &fields, locked == 1) else {
+        let Some(mut entry) = entry_of(&key.route, &key.key, &fields, &head, locked == 1) else {
             return Ok(None);
         };
         if let Some(method) = text(&req, 0) {
@@ -198,6 +237,7 @@ impl RedisStore {
                 "the recent-deliveries list is not kept on Redis Cluster (see docs/operating.md); show, forget and replay by key work".into(),
             ));
         }
+        self.flush_log().await;
         let limit = q.limit.max(1);
         let mut all = Vec::new();
         for route in &q.routes {
@@ -237,20 +277,24 @@ impl RedisStore {
                 if !candidates.is_empty() {
                     let mut pipe = redis::pipe();
                     for (k, _) in &candidates {
-                        let (state, lock) =
-                            self.keys(&DeliveryKey::new(route.as_str(), k.as_str()));
-                        pipe.cmd("HMGET").arg(state).arg(&FIELDS[..]);
-                        pipe.cmd("EXISTS").arg(lock);
+                        read_entry(
+                            &mut pipe,
+                            &self.keys(&DeliveryKey::new(route.as_str(), k.as_str())),
+                        );
                     }
                     let replies: Vec<Value> = self.bounded(pipe.query_async(&mut conn)).await?;
                     let mut stale = Vec::new();
                     for (i, (k, score)) in candidates.iter().enumerate() {
                         let fields: Fields = replies
-                            .get(2 * i)
+                            .get(3 * i)
                             .and_then(|v| redis::from_redis_value(v.clone()).ok())
                             .unwrap_or_default();
-                        let locked = replies.get(2 * i + 1).and_then(int_of) == Some(1);
-                        match entry_of(route, k, &fields, locked) {
+                        let head = replies
+                            .get(3 * i + 1)
+                            .and_then(bytes_of)
+                            .unwrap_or_default();
+                        let locked = replies.get(3 * i + 2).and_then(int_of) == Some(1);
+                        match entry_of(route, k, &fields, head, locked) {
                             Some(e) => {
                                 if q.matches(&e) && found <= limit {
                                     found += 1;
@@ -281,9 +325,10 @@ impl RedisStore {
     }
 
     pub(super) async fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {
-        let (state, lock) = self.keys(key);
+        self.flush_log().await;
+        let k = self.keys(key);
         let script = ScriptDef::new(include_str!("scripts/forget.lua"));
-        let call = Call::new(&script, &[&state, &lock]);
+        let call = Call::new(&script, &[&k.record, &k.lock, &k.log]);
         let (reply, _) = self.eval(&call, false).await?;
         let forgot = match bytes_of(&reply) {
             Some(b"forgotten") => Forgot::Forgotten,

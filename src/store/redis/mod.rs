@@ -1,12 +1,16 @@
-//! The Redis store: `SET NX PX` with an owner token as the atomic claim, plus a status
-//! hash, in Lua scripts run by SHA (one round trip each; on `NOSCRIPT` the script is
-//! sent in full once, to the node that owns the key, which caches it).
+//! The Redis store: the claim record (`record`), claimed and read by one plain
+//! `SET … NX PX … GET` per first delivery or copy; the completion, release, renewal,
+//! an operator's replay and the queue's transitions are Lua scripts run by SHA (one
+//! round trip each; on `NOSCRIPT` the script is sent in full once, to the node that
+//! owns the key, which caches it), because they must check the owner's token first.
 //!
-//! Keys: `{prefix}:{<route>:<key>}` (the status hash) and `…:lock` (the claim). The
-//! braces are a Redis Cluster hash tag, so both keys of a delivery share one slot and
-//! every script is single-slot: in a cluster, `EVALSHA` is routed by its first key.
+//! Keys: `{prefix}:{<route>:<key>}` (the delivery log's hash), `…:claim` (the claim
+//! record) and `…:lock` (the lock of an operator's replay or a queue worker: a claim
+//! that leaves the record in place). The braces are a Redis Cluster hash tag, so the
+//! keys of a delivery share one slot and every script is single-slot: in a cluster,
+//! commands and scripts are routed by their first key.
 //!
-//! The same scripts run over every deployment `store.url` can name (one server, a
+//! The same commands run over every deployment `store.url` can name (one server, a
 //! Redis Cluster, a Sentinel-managed master): see [`Connection`]. A connection pool
 //! would add a `PING` per checkout and nothing else here.
 //!
@@ -24,22 +28,26 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use connection::Connection;
+use record::Found;
 
 /// A `redis://` server in cluster mode.
 mod cluster_mode;
 pub mod connection;
 mod queue;
+/// The claim record's layouts.
+mod record;
 pub mod sentinel;
 mod tcp;
 pub use queue::RedisQueue;
 /// The delivery log: extra arguments to the same scripts, and the reads.
 mod log;
+/// The delivery log's writes for plain claims, batched off the delivery's path.
+mod log_writer;
 use super::log::{ClaimLog, Settled};
-use super::{
-    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
-};
+use super::{Claim, DeliveryKey, Lifetimes, Store, StoreError, StoredResponse, Token, unix_millis};
 use crate::config::topology::Topology;
 use crate::providers::Fingerprint;
+use log_writer::{LogWrite, LogWriter, WriteKind, WriteTtls};
 
 /// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
 pub(crate) struct ScriptDef {
@@ -57,7 +65,7 @@ impl ScriptDef {
 }
 
 struct Scripts {
-    claim: ScriptDef,
+    replay: ScriptDef,
     complete: ScriptDef,
     release: ScriptDef,
     renew: ScriptDef,
@@ -81,19 +89,30 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// The one server of a `redis://` URL runs in cluster mode (see `cluster_mode`).
     cluster_mode: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    log_writer: std::sync::Arc<LogWriter>,
+}
+
+/// The keys of one delivery (one hash tag, so one slot).
+pub(crate) struct Keys {
+    /// The delivery log's hash.
+    pub log: String,
+    /// The claim record (`record`).
+    pub record: String,
+    /// The lock of a replay or a queue worker.
+    pub lock: String,
 }
 
 /// One script call: the script, its keys and its arguments.
 pub(crate) struct Call<'a> {
     script: &'a ScriptDef,
-    keys: [&'a str; 3],
+    keys: [&'a str; 4],
     nkeys: usize,
     args: Vec<Vec<u8>>,
 }
 
 impl<'a> Call<'a> {
     pub(crate) fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
-        let mut k = [""; 3];
+        let mut k = [""; 4];
         k[..keys.len()].copy_from_slice(keys);
         Call {
             script,
@@ -136,33 +155,145 @@ impl<'a> Call<'a> {
 }
 
 impl RedisStore {
-    /// Turns a claim script's reply into a `Claim` (logged or not). A claim that too
+    /// A claim this caller won, once enough replicas confirmed it. A claim that too
     /// few replicas confirmed is not safe to forward — a failover now could hand the
     /// key to a copy — so it is given up in the background (with the unlogged release;
     /// the provider's retry is then forwarded) and reported as a store error (503).
     /// An operator's replay of a completed key given up so goes back to `completed`
-    /// with its old answer: release.lua decides that from the hash, not the caller.
-    fn finish_claim(
+    /// with its old answer: release.lua decides that from the record, not the caller.
+    fn won(
         &self,
         key: &DeliveryKey,
         token: Token,
-        reply: Value,
         acked: Option<i64>,
     ) -> Result<Claim, StoreError> {
+        if let Some(e) = self.under_replicated("claim", acked) {
+            let store = self.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.release(&key, token, None).await {
+                    tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
+                }
+            });
+            return Err(e);
+        }
+        Ok(Claim::Claimed(token))
+    }
+
+    /// A plain claim (a first delivery or a copy): `SET record p|token|fp NX PX lease
+    /// GET`, one command and one round trip; the old record, if any, says what to
+    /// answer (record.rs). Only the rare answers take a second round trip: "in flight"
+    /// (the lease's remaining time) and a replayed key (whether the replay still holds
+    /// its lock). The log's part is queued for the log writer.
+    async fn plain_claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: Option<ClaimLog<'_>>,
+    ) -> Result<Claim, StoreError> {
+        let keys = self.keys(key);
+        let token = Token::random();
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&keys.record)
+            .arg(record::processing(token, fp))
+            .arg("NX")
+            .arg("PX")
+            .arg(ms(self.lifetimes.lease))
+            .arg("GET");
+        let (reply, acked) = self.query(cmd, &keys.record, true).await?;
+        let fp_hex = hex::encode(fp);
+        let found = match &reply {
+            Value::Nil => Found::Absent,
+            v => bytes_of(v)
+                .and_then(record::parse)
+                .ok_or_else(|| bad_reply("claim"))?,
+        };
+        if found.differs(fp_hex.as_bytes()) {
+            return Ok(Claim::Mismatch);
+        }
+        let claim = match found {
+            Found::Absent => {
+                let claim = self.won(key, token, acked)?;
+                self.log_writer
+                    .write(LogWrite {
+                        hash: keys.log,
+                        index: log.and_then(|_| self.index_key(&key.route)),
+                        key: key.key.clone(),
+                        now: unix_millis(),
+                        kind: WriteKind::Claimed {
+                            fp_hex,
+                            kept: log.and_then(|l| l.kept.cloned()),
+                        },
+                    })
+                    .await;
+                return Ok(claim);
+            }
+            // A retried claim (the first reply lost: a dropped connection, a cluster
+            // client resending after a failover) finds its own token: it owns the key.
+            Found::Processing { token: t, .. } if t == token.to_hex().as_bytes() => {
+                return self.won(key, token, acked);
+            }
+            Found::Processing { .. } => return self.in_flight(&keys.record).await,
+            Found::Queued { .. } => Claim::Queued,
+            Found::Completed { response, .. } => Claim::Completed(response),
+            Found::Replaying { response, .. } => {
+                if self.pttl(&keys.lock).await? > 0 {
+                    return self.in_flight(&keys.lock).await;
+                }
+                Claim::Completed(response)
+            }
+        };
+        {
+            self.log_writer
+                .write(LogWrite {
+                    hash: keys.log,
+                    index: log.and_then(|_| self.index_key(&key.route)),
+                    key: key.key.clone(),
+                    now: unix_millis(),
+                    kind: WriteKind::Copy,
+                })
+                .await;
+        }
+        Ok(claim)
+    }
+
+    /// "In flight", with the remaining lease of the key that holds it.
+    async fn in_flight(&self, holder: &str) -> Result<Claim, StoreError> {
+        let pttl = self.pttl(holder).await?.max(0) as u64;
+        Ok(Claim::InFlight {
+            remaining: Duration::from_millis(pttl),
+        })
+    }
+
+    async fn pttl(&self, key: &str) -> Result<i64, StoreError> {
+        let mut conn = self.conn.clone();
+        self.bounded(redis::cmd("PTTL").arg(key).query_async(&mut conn))
+            .await
+    }
+
+    /// An operator's replay: the forced claim, a script (replay.lua).
+    async fn replay_claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: ClaimLog<'_>,
+    ) -> Result<Claim, StoreError> {
+        let keys = self.keys(key);
+        let index = self.index_key(&key.route);
+        let token = Token::random();
+        let mut call = Call::new(&self.scripts.replay, &[&keys.record, &keys.lock, &keys.log])
+            .key(index.as_deref())
+            .arg(token.to_hex())
+            .arg(ms(self.lifetimes.lease))
+            .arg(hex::encode(fp))
+            .arg(unix_millis())
+            .arg(ms(self.lifetimes.retention));
+        call = self.claim_log_args(call, key, log);
+        let (reply, acked) = self.eval(&call, true).await?;
         if let Value::Array(items) = &reply
             && items.first().and_then(bytes_of) == Some(b"claimed")
         {
-            if let Some(e) = self.under_replicated("claim", acked) {
-                let store = self.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = store.release(&key, token, None).await {
-                        tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
-                    }
-                });
-                return Err(e);
-            }
-            return Ok(Claim::Claimed(token));
+            return self.won(key, token, acked);
         }
         parse_claim(reply)
     }
@@ -180,7 +311,14 @@ impl RedisStore {
             Topology::parse(url).map_err(|e| StoreError::Unavailable(format!("store.url {e}")))?;
         let conn = Connection::new(&topology, timeout)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let ttls = WriteTtls {
+            hash: ms(lifetimes.retention.max(lifetimes.lease)),
+            fragment: ms(lifetimes.retention),
+            index: ms(lifetimes.retention.saturating_add(lifetimes.lease)),
+        };
+        let log_writer = std::sync::Arc::new(LogWriter::new(conn.clone(), timeout, ttls));
         Ok(RedisStore {
+            log_writer,
             conn,
             prefix: prefix.into(),
             lifetimes,
@@ -188,7 +326,7 @@ impl RedisStore {
             acks: None,
             cluster_mode: Default::default(),
             scripts: std::sync::Arc::new(Scripts {
-                claim: ScriptDef::new(include_str!("scripts/claim.lua")),
+                replay: ScriptDef::new(include_str!("scripts/replay.lua")),
                 complete: ScriptDef::new(include_str!("scripts/complete.lua")),
                 release: ScriptDef::new(include_str!("scripts/release.lua")),
                 renew: ScriptDef::new(include_str!("scripts/renew.lua")),
@@ -203,7 +341,8 @@ impl RedisStore {
         self
     }
 
-    /// The status hash's key; the lock is this plus `:lock`.
+    /// The delivery log hash's key; the claim record is this plus `:claim`, the lock
+    /// this plus `:lock`.
     pub fn state_key(&self, key: &DeliveryKey) -> String {
         let mut s = String::with_capacity(self.prefix.len() + key.route.len() + key.key.len() + 4);
         s.push_str(&self.prefix);
@@ -215,10 +354,19 @@ impl RedisStore {
         s
     }
 
-    pub(crate) fn keys(&self, key: &DeliveryKey) -> (String, String) {
-        let state = self.state_key(key);
-        let lock = format!("{state}:lock");
-        (state, lock)
+    pub(crate) fn keys(&self, key: &DeliveryKey) -> Keys {
+        let log = self.state_key(key);
+        Keys {
+            record: format!("{log}:claim"),
+            lock: format!("{log}:lock"),
+            log,
+        }
+    }
+
+    /// Waits until the log writes queued before this call are written (the log's reads
+    /// in this process see them).
+    pub(crate) async fn flush_log(&self) {
+        self.log_writer.flush().await;
     }
 
     /// Runs one store operation within the store timeout.
@@ -249,34 +397,7 @@ impl RedisStore {
             let mut nkeys = call.nkeys;
             loop {
                 let cmd = call.command(by_sha, nkeys);
-                let result: RedisResult<(Value, Option<i64>)> = match acks {
-                    None => cmd.query_async(&mut conn).await.map(|v| (v, None)),
-                    Some(a) => {
-                        let mut p = redis::pipe();
-                        p.add_command(cmd)
-                            .cmd("WAIT")
-                            .arg(a.replicas)
-                            .arg(ms(a.timeout))
-                            .ignore_errors();
-                        match conn.pipeline_on_key_master(&p, call.keys[0]).await {
-                            Ok(mut vals) if vals.len() == 2 => {
-                                let waited = vals.pop().unwrap_or(Value::Nil);
-                                let reply = vals.pop().unwrap_or(Value::Nil);
-                                reply.extract_error().and_then(|reply| {
-                                    let n = waited.extract_error()?;
-                                    Ok((reply, Some(int_of(&n).unwrap_or(0))))
-                                })
-                            }
-                            Ok(_) => Err((
-                                ErrorKind::Client,
-                                "unexpected reply to a script pipelined with WAIT",
-                            )
-                                .into()),
-                            Err(e) => Err(e),
-                        }
-                    }
-                };
-                match result {
+                match send(&mut conn, cmd, call.keys[0], acks).await {
                     Err(e)
                         if by_sha && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
                     {
@@ -285,20 +406,33 @@ impl RedisStore {
                         by_sha = false;
                     }
                     Err(e)
-                        if nkeys > 2
+                        if nkeys > 3
                             && e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) =>
                     {
                         // A `redis://` server in cluster mode refused the recent index
-                        // (a script's only optional third key, in a second slot); the
+                        // (a script's only optional fourth key, in a second slot); the
                         // script did not run: run it without (later calls leave it out).
                         self.note_cluster_mode("CROSSSLOT");
-                        nkeys = 2;
+                        nkeys = 3;
                     }
                     other => return other,
                 }
             }
         })
         .await
+    }
+
+    /// Runs one plain command on `key`'s node (one round trip), pipelined with `WAIT`
+    /// when `replicated` and replica acks are on.
+    pub(crate) async fn query(
+        &self,
+        cmd: Cmd,
+        key: &str,
+        replicated: bool,
+    ) -> Result<(Value, Option<i64>), StoreError> {
+        let acks = self.acks.filter(|_| replicated);
+        let mut conn = self.conn.clone();
+        self.bounded(send(&mut conn, cmd, key, acks)).await
     }
 
     /// The error for an operation that fewer than the required replicas confirmed.
@@ -327,6 +461,41 @@ impl RedisStore {
     }
 }
 
+/// Sends `cmd`, alone or pipelined with `WAIT` on the master of `key`'s slot; returns
+/// its reply and, with `acks`, how many replicas confirmed it.
+async fn send(
+    conn: &mut Connection,
+    cmd: Cmd,
+    key: &str,
+    acks: Option<ReplicaAcks>,
+) -> RedisResult<(Value, Option<i64>)> {
+    let Some(a) = acks else {
+        return cmd.query_async(conn).await.map(|v| (v, None));
+    };
+    let mut p = redis::pipe();
+    p.add_command(cmd)
+        .cmd("WAIT")
+        .arg(a.replicas)
+        .arg(ms(a.timeout))
+        .ignore_errors();
+    match conn.pipeline_on_key_master(&p, key).await {
+        Ok(mut vals) if vals.len() == 2 => {
+            let waited = vals.pop().unwrap_or(Value::Nil);
+            let reply = vals.pop().unwrap_or(Value::Nil);
+            reply.extract_error().and_then(|reply| {
+                let n = waited.extract_error()?;
+                Ok((reply, Some(int_of(&n).unwrap_or(0))))
+            })
+        }
+        Ok(_) => Err((
+            ErrorKind::Client,
+            "unexpected reply to a command pipelined with WAIT",
+        )
+            .into()),
+        Err(e) => Err(e),
+    }
+}
+
 /// `d` in whole milliseconds for Redis (at least 1: `PX 0` is an error), saturating
 /// instead of wrapping should a duration exceed `u64::MAX` ms (configured durations
 /// are bounded far below that).
@@ -349,20 +518,11 @@ pub(crate) fn int_of(v: &Value) -> Option<i64> {
     }
 }
 
-/// A key's status as the scripts see it: an operator's replay of a completed key whose
-/// claim lapsed without settling (`restore` set, an answer kept, no lock) is completed
-/// with its old answer (see claim.lua).
-pub(crate) fn status_of(raw: Option<&str>, restores: bool, locked: bool) -> Option<Status> {
-    match Status::parse(raw?)? {
-        Status::Processing if restores && !locked => Some(Status::Completed),
-        s => Some(s),
-    }
-}
-
 fn bad_reply(what: &str) -> StoreError {
     StoreError::Unavailable(format!("unexpected reply to {what}"))
 }
 
+/// A replay script's reply other than `claimed`.
 fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
     let Value::Array(items) = reply else {
         return Err(bad_reply("claim"));
@@ -373,20 +533,6 @@ fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
         .ok_or_else(|| bad_reply("claim"))?;
     match tag {
         b"claimed" => Err(bad_reply("claim")), // the caller fills in its own token
-        b"completed" => {
-            let status = items
-                .get(1)
-                .and_then(int_of)
-                .and_then(|s| u16::try_from(s).ok())
-                .ok_or_else(|| bad_reply("claim"))?;
-            let headers = items.get(2).and_then(bytes_of).unwrap_or_default();
-            let body = items.get(3).and_then(bytes_of).unwrap_or_default();
-            Ok(Claim::Completed(StoredResponse {
-                status,
-                headers: bytes::Bytes::copy_from_slice(headers),
-                body: bytes::Bytes::copy_from_slice(body),
-            }))
-        }
         b"in_flight" => {
             let pttl = items.get(1).and_then(int_of).unwrap_or(0).max(0) as u64;
             Ok(Claim::InFlight {
@@ -422,6 +568,10 @@ impl crate::store::log::DeliveryLog for RedisStore {
     async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
         self.forget_key(key).await
     }
+
+    async fn flush(&self) {
+        self.flush_log().await
+    }
 }
 
 impl Store for RedisStore {
@@ -431,27 +581,15 @@ impl Store for RedisStore {
         fp: &Fingerprint,
         log: Option<ClaimLog<'_>>,
     ) -> Result<Claim, StoreError> {
-        let (state, lock) = self.keys(key);
-        // Only a logged claim writes the recent index (see `log`).
-        let index = log.and_then(|_| self.index_key(&key.route));
-        let token = Token::random();
-        let mut call = Call::new(&self.scripts.claim, &[&state, &lock])
-            .key(index.as_deref())
-            .arg(token.to_hex())
-            .arg(ms(self.lifetimes.lease))
-            .arg(hex::encode(fp))
-            .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention));
-        if let Some(log) = log {
-            call = self.claim_log_args(call, key, log);
+        match log {
+            Some(l) if l.replay => self.replay_claim(key, fp, l).await,
+            _ => self.plain_claim(key, fp, log).await,
         }
-        let (reply, acked) = self.eval(&call, true).await?;
-        self.finish_claim(key, token, reply, acked)
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        let (state, lock) = self.keys(key);
-        let call = Call::new(&self.scripts.renew, &[&lock, &state])
+        let k = self.keys(key);
+        let call = Call::new(&self.scripts.renew, &[&k.record, &k.lock, &k.log])
             .arg(token.to_hex())
             .arg(ms(self.lifetimes.lease));
         let (reply, _) = self.eval(&call, false).await?;
@@ -466,12 +604,11 @@ impl Store for RedisStore {
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
         // The complete script leaves the recent index alone (see complete.lua).
-        let (state, lock) = self.keys(key);
-        let mut call = Call::new(&self.scripts.complete, &[&state, &lock])
+        let k = self.keys(key);
+        let mut call = Call::new(&self.scripts.complete, &[&k.record, &k.lock, &k.log])
             .arg(token.to_hex())
+            .arg(record::completed_tail(response))
             .arg(response.status)
-            .arg(response.headers.as_ref())
-            .arg(response.body.as_ref())
             .arg(unix_millis())
             .arg(ms(self.lifetimes.retention));
         if let Some(settled) = settled {
@@ -491,10 +628,10 @@ impl Store for RedisStore {
         token: Token,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let (state, lock) = self.keys(key);
+        let k = self.keys(key);
         // Only a logged release writes the recent index (see `log`).
         let index = settled.and_then(|_| self.index_key(&key.route));
-        let mut call = Call::new(&self.scripts.release, &[&state, &lock])
+        let mut call = Call::new(&self.scripts.release, &[&k.record, &k.lock, &k.log])
             .key(index.as_deref())
             .arg(token.to_hex())
             .arg(unix_millis());

@@ -203,8 +203,8 @@ impl QueueBackend for RedisQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let (state, lock) = self.store.keys(key);
-            let call = Call::new(&self.scripts.mark, &[&state, &lock])
+            let k = self.store.keys(key);
+            let call = Call::new(&self.scripts.mark, &[&k.record, &k.log])
                 .arg(token.to_hex())
                 .arg(unix_millis())
                 .arg(ms(self.store.lifetimes().retention.max(keep_for)));
@@ -313,10 +313,10 @@ impl QueueBackend for RedisQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, Lock> {
         Box::pin(async move {
-            let (state, lock) = self.store.keys(key);
+            let k = self.store.keys(key);
             let token = Token::random();
             let lifetimes = self.store.lifetimes();
-            let call = Call::new(&self.scripts.lock, &[&state, &lock])
+            let call = Call::new(&self.scripts.lock, &[&k.record, &k.lock, &k.log])
                 .arg(token.to_hex())
                 .arg(ms(lifetimes.lease))
                 .arg(unix_millis())
@@ -344,8 +344,8 @@ impl QueueBackend for RedisQueue {
 
     fn unlock<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let (_, lock) = self.store.keys(key);
-            let call = Call::new(&self.scripts.unlock, &[&lock]).arg(token.to_hex());
+            let k = self.store.keys(key);
+            let call = Call::new(&self.scripts.unlock, &[&k.lock]).arg(token.to_hex());
             Ok(int_of(&self.script(call).await?) == Some(1))
         })
     }

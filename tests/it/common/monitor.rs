@@ -63,6 +63,24 @@ impl Monitor {
     }
 }
 
+/// The commands the store's log writer sends (a plain claim's log entry: one pipeline
+/// per batch, not awaited by the delivery; `src/store/redis/log_writer.rs`).
+pub const LOG_WRITES: [&str; 6] = [
+    "HSET",
+    "HSETNX",
+    "HINCRBY",
+    "PEXPIRE",
+    "ZADD",
+    "ZREMRANGEBYRANK",
+];
+
+/// Splits commands into those a delivery waits for (its round trips) and the log
+/// writer's.
+pub fn path_and_log(cmds: Vec<String>) -> (Vec<String>, Vec<String>) {
+    cmds.into_iter()
+        .partition(|c| !LOG_WRITES.contains(&c.as_str()))
+}
+
 impl Drop for Monitor {
     fn drop(&mut self) {
         let _ = self.conn.shutdown(std::net::Shutdown::Both);

@@ -1,25 +1,30 @@
 -- Records a completed delivery's answer, only for the current owner (fencing).
--- KEYS[1] state hash, KEYS[2] lock
--- ARGV[1] owner token, ARGV[2] status, ARGV[3] headers, ARGV[4] body,
--- ARGV[5] now (unix ms), ARGV[6] retention ms
--- Delivery log, optional: ARGV[7] outcome, ARGV[8] upstream status,
--- ARGV[9] latency ms. The recent index is not touched: the claim put the delivery
--- there, and its score (the claim's time) orders it well enough for "newest first";
--- three fewer calls on every first delivery (BENCHMARKS.md, "What holds the figures").
--- The status hash outlives the lock (claim.lua, renew.lua). One gone anyway (evicted)
--- is re-created here with the answer and a TTL but no fingerprint; claim.lua answers
--- every copy of such a key with its answer.
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+-- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash
+-- ARGV[1] owner token, ARGV[2] the record's tail after the fingerprint
+-- ('|status|headers length|headers body', record.rs), ARGV[3] status, ARGV[4] now
+-- (unix ms), ARGV[5] retention ms
+-- Delivery log, optional: ARGV[6] outcome, ARGV[7] upstream status, ARGV[8] latency ms.
+-- The owner is the token in a processing record (`p|token|fp`, a first delivery) or
+-- the lock's (an operator's replay, a queue worker). The record becomes
+-- `c|fp|answer` for `retention`; copies read it with a plain `SET … NX GET`. A record
+-- gone under a lock holder (expired while queued) is re-created without a fingerprint:
+-- it answers every copy, never forwarded twice.
+local rec = redis.call('GET', KEYS[1])
+local fp
+if rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
+  fp = string.sub(rec, 36)
+elseif redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  fp = rec and string.sub(rec, 1, 1) ~= 'p' and string.match(rec, '^.|([^|]*)') or ''
+else
   return 0
 end
-redis.call('DEL', KEYS[2])
-if ARGV[7] then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'resp_status', ARGV[2],
-    'resp_headers', ARGV[3], 'resp_body', ARGV[4], 'last_seen', ARGV[5],
-    'outcome', ARGV[7], 'up_status', ARGV[8], 'latency_ms', ARGV[9])
+redis.call('SET', KEYS[1], 'c|' .. fp .. ARGV[2], 'PX', ARGV[5])
+if ARGV[6] then
+  redis.call('HSET', KEYS[3], 'resp_status', ARGV[3], 'last_seen', ARGV[4],
+    'outcome', ARGV[6], 'up_status', ARGV[7], 'latency_ms', ARGV[8])
 else
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'resp_status', ARGV[2],
-    'resp_headers', ARGV[3], 'resp_body', ARGV[4], 'last_seen', ARGV[5])
+  redis.call('HSET', KEYS[3], 'resp_status', ARGV[3], 'last_seen', ARGV[4])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
 return 1

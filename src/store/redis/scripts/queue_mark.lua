@@ -1,12 +1,14 @@
 -- The claim -> queued transition: the owner of a fresh claim, whose delivery is now in
--- the queue, frees the claim for the delivery worker; copies are acknowledged again.
--- KEYS[1] state hash, KEYS[2] lock; ARGV[1] owner token, ARGV[2] now (unix ms),
--- ARGV[3] how long the status lives (ms): the longer of retention and the route's
+-- the queue, turns its processing record into `q|fp` for the delivery worker; copies
+-- are acknowledged again.
+-- KEYS[1] claim record, KEYS[2] log hash; ARGV[1] owner token, ARGV[2] now (unix ms),
+-- ARGV[3] how long the record lives (ms): the longer of retention and the route's
 -- max_age, so a copy finds it while the entry may still be delivered
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+local rec = redis.call('GET', KEYS[1])
+if not (rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|') then
   return 0
 end
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[1], 'status', 'queued', 'delivery_attempts', 0, 'last_seen', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[1], 'q|' .. string.sub(rec, 36), 'PX', ARGV[3])
+redis.call('HSET', KEYS[2], 'delivery_attempts', 0, 'last_seen', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1

@@ -1,0 +1,72 @@
+-- An operator's replay: a forced claim, the one claim that still needs a script (rare).
+-- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash (same hash tag, so one slot),
+-- KEYS[4] the route's recent index (absent on Redis Cluster)
+-- ARGV[1] owner token, ARGV[2] lease ms, ARGV[3] payload fingerprint (hex),
+-- ARGV[4] now (unix ms), ARGV[5] retention ms, ARGV[6] index cap, ARGV[7] the
+-- delivery's key, ARGV[8..11] the kept request (method, path, headers, body), optional
+-- Returns {'claimed'} | {'in_flight', remaining lease ms} | {'mismatch'} | {'queued'}
+--
+-- A completed record (`c|fp|answer`) is not replaced: the replay takes the lock and
+-- marks the record `r` (replaying), keeping the old answer. Copies meanwhile are
+-- answered 409 while the lock lives; once it is released or lapses without a new
+-- answer, the record answers with its old one (record.rs). A released key (no record)
+-- is re-claimed as a first delivery would be, if its log still holds the fingerprint
+-- the operator read.
+local rec = redis.call('GET', KEYS[1])
+local tag = rec and string.sub(rec, 1, 1)
+local function fp_of(r)
+  if string.sub(r, 1, 1) == 'p' then
+    return string.sub(r, 36)
+  end
+  return string.match(r, '^.|([^|]*)')
+end
+if rec and fp_of(rec) ~= '' and fp_of(rec) ~= ARGV[3] then
+  return {'mismatch'}
+end
+if tag == 'p' then
+  -- A retried claim (its first reply lost) finds its own token: it owns the key.
+  if string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
+    return {'claimed'}
+  end
+  return {'in_flight', redis.call('PTTL', KEYS[1])}
+end
+if tag == 'q' then
+  return {'queued'}
+end
+if tag == 'c' or tag == 'r' then
+  if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if redis.call('GET', KEYS[2]) == ARGV[1] then
+      return {'claimed'}
+    end
+    return {'in_flight', redis.call('PTTL', KEYS[2])}
+  end
+  if tag == 'c' then
+    redis.call('SETRANGE', KEYS[1], 0, 'r')
+  end
+  -- The record outlives the replay's lease (renew.lua keeps it so).
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+else
+  if redis.call('HGET', KEYS[3], 'fp') ~= ARGV[3] then
+    return {'mismatch'}
+  end
+  redis.call('SET', KEYS[1], 'p|' .. ARGV[1] .. '|' .. ARGV[3], 'PX', ARGV[2])
+end
+local f = {'fp', ARGV[3], 'last_seen', ARGV[4]}
+if ARGV[8] then
+  for _, v in ipairs({'req_method', ARGV[8], 'req_path', ARGV[9],
+      'req_headers', ARGV[10], 'req_body', ARGV[11]}) do
+    f[#f + 1] = v
+  end
+end
+redis.call('HSET', KEYS[3], unpack(f))
+redis.call('HINCRBY', KEYS[3], 'attempts', 1)
+redis.call('HINCRBY', KEYS[3], 'replays', 1)
+redis.call('PEXPIRE', KEYS[3], math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
+if KEYS[4] then
+  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[7])
+  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[6]) - 1)
+  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]) + tonumber(ARGV[2]))
+end
+return {'claimed'}
