@@ -634,7 +634,8 @@ impl Store for RedisStore {
         let mut call = Call::new(&self.scripts.release, &[&k.record, &k.lock, &k.log])
             .key(index.as_deref())
             .arg(token.to_hex())
-            .arg(unix_millis());
+            .arg(unix_millis())
+            .arg(ms(self.lifetimes.retention));
         if let Some(settled) = settled {
             call = self.release_log_args(call, key, settled);
         }

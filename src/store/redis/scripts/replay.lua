@@ -43,10 +43,10 @@ if tag == 'c' or tag == 'r' then
   if tag == 'c' then
     redis.call('SETRANGE', KEYS[1], 0, 'r')
   end
-  -- The record outlives the replay's lease (renew.lua keeps it so).
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
+  -- The old answer is kept for a whole retention from the replay (and at least the
+  -- lease; renew.lua keeps it so), whether the replay records a new one or not: a
+  -- key about to expire is not left to lapse right after a failed replay.
+  redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
 else
   if redis.call('HGET', KEYS[3], 'fp') ~= ARGV[3] then
     return {'mismatch'}
