@@ -552,9 +552,13 @@ async fn a_failed_replay_near_expiry_keeps_the_answer_a_retention<S: Store>(s: S
     tokio::time::sleep(Duration::from_millis(700)).await; // 300 ms of retention left
     let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
     assert!(
-        s.release(&k, op, Some(&settled("operator_replay_failed", Some(500), true)))
-            .await
-            .unwrap()
+        s.release(
+            &k,
+            op,
+            Some(&settled("operator_replay_failed", Some(500), true))
+        )
+        .await
+        .unwrap()
     );
     tokio::time::sleep(Duration::from_millis(500)).await; // past the original retention
     assert_eq!(
@@ -584,11 +588,11 @@ async fn redis_a_release_before_the_claims_log_write_keeps_its_outcome() {
         server.cli(&["HGET", &s.state_key(&k), "outcome"]),
         "upstream_error"
     );
-    let ttl: i64 = server
-        .cli(&["PTTL", &s.state_key(&k)])
-        .parse()
-        .unwrap();
-    assert!(ttl > 0, "the release left the log hash without a TTL: {ttl}");
+    let ttl: i64 = server.cli(&["PTTL", &s.state_key(&k)]).parse().unwrap();
+    assert!(
+        ttl > 0,
+        "the release left the log hash without a TTL: {ttl}"
+    );
 }
 
 const LEASE_300MS_RETENTION_1S: Lifetimes = Lifetimes {

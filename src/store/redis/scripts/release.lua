@@ -7,6 +7,10 @@
 -- under-replicated claim's plain release); a queue worker's dead-lettered key (`q`)
 -- is released, so a later copy is queued again.
 local rec = redis.call('GET', KEYS[1])
+-- The log hash's `status` says `released` when the record goes, so neither a claim
+-- reading the earlier layout's field (claim.rs) nor an earlier sidecar during a
+-- rolling upgrade takes a stale `completed` or `queued` from it.
+local status = 'released'
 if rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
   redis.call('DEL', KEYS[1])
 elseif redis.call('GET', KEYS[2]) == ARGV[1] then
@@ -14,8 +18,11 @@ elseif redis.call('GET', KEYS[2]) == ARGV[1] then
   local tag = rec and string.sub(rec, 1, 1)
   if tag == 'r' then
     redis.call('SETRANGE', KEYS[1], 0, 'c')
+    status = 'completed'
   elseif tag == 'q' then
     redis.call('DEL', KEYS[1])
+  elseif tag then
+    status = nil
   end
 else
   return 0
@@ -25,6 +32,9 @@ end
 -- index's lifetime ms (retention + lease, as a claim sets it). The log hash may not
 -- exist yet (the claim's own log write is still queued, log_writer.rs) or any more
 -- (evicted): written anyway, and given a TTL when it has none.
+if status then
+  redis.call('HSET', KEYS[3], 'status', status)
+end
 if ARGV[4] then
   redis.call('HSET', KEYS[3], 'last_seen', ARGV[2], 'outcome', ARGV[4],
     'up_status', ARGV[5], 'latency_ms', ARGV[6])
