@@ -49,16 +49,16 @@ async fn a_first_delivery_costs_two_round_trips_and_a_copy_one() {
     assert!(!a.replayed());
     assert_eq!(
         path(&monitor, &redis, "m1").await,
-        vec!["SET", "EVALSHA"],
-        "a first delivery is the claim record's SET NX GET + the completion script"
+        vec!["SET", "HGET", "EVALSHA"],
+        "a first delivery is the claim (the record's SET NX GET pipelined with the log hash's HGET of an earlier layout's status: one round trip) + the completion script"
     );
 
     let copy = sidecar.send(&d).await;
     assert!(copy.replayed());
     assert_eq!(
         path(&monitor, &redis, "m2").await,
-        vec!["SET"],
-        "a copy is one plain SET NX GET, no script"
+        vec!["SET", "HGET"],
+        "a copy is one claim round trip (SET NX GET + HGET, pipelined), no script"
     );
 
     // INFO commandstats agrees: one script call in all; three SETs, the two claims'
@@ -120,14 +120,14 @@ async fn the_unsigned_key_guard_adds_no_round_trip() {
     assert_eq!((a.status, a.replayed()), (200, false));
     assert_eq!(
         path(&monitor, &redis, "g1").await,
-        vec!["SET", "EVALSHA"],
+        vec!["SET", "HGET", "EVALSHA"],
         "claim + complete"
     );
     let copy = send("d-2", &body).await.unwrap();
     assert!(copy.replayed());
     assert_eq!(
         path(&monitor, &redis, "g2").await,
-        vec!["SET"],
+        vec!["SET", "HGET"],
         "a copy under a new delivery ID is one claim"
     );
     assert_eq!(upstream.count(), 2);

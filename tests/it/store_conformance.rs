@@ -634,6 +634,116 @@ async fn redis_no_script_leaves_a_key_without_a_ttl() {
     );
 }
 
+/// Keys written before the claim record existed (state in the hash's `status`, an
+/// in-flight claim in `…:lock`), as an upgrade finds them: completed ones are answered
+/// and never forwarded again, queued ones acknowledged, held ones in flight; released
+/// ones are claimed. An operator's replay of an old completed key keeps its answer.
+#[tokio::test]
+async fn redis_keys_of_the_earlier_layout_are_honoured() {
+    let server = RedisServer::start_new();
+    let s = RedisStore::new(&server.url(), "pfx", LONG, Duration::from_secs(1)).unwrap();
+    let a = hex::encode(fp("a"));
+    let old = |id: &str, fields: &[&str]| {
+        let hash = format!("pfx:{{route:{id}}}");
+        let mut args = vec!["HSET", hash.as_str(), "fp", a.as_str(), "first_seen", "1"];
+        args.extend_from_slice(fields);
+        server.cli(&args);
+        server.cli(&["PEXPIRE", &hash, "60000"]);
+        key(id)
+    };
+    let headers = "content-type: text/plain\r\nx-app: 1\r\n";
+    let answered = |id: &str| {
+        old(
+            id,
+            &[
+                "status",
+                "completed",
+                "resp_status",
+                "201",
+                "resp_headers",
+                headers,
+                "resp_body",
+                "old",
+            ],
+        )
+    };
+    let done = answered("old_done");
+    for _ in 0..2 {
+        assert_eq!(
+            s.claim(&done, &fp("a"), None).await.unwrap(),
+            Claim::Completed(response(b"old"))
+        );
+    }
+    assert_eq!(
+        s.claim(&done, &fp("b"), None).await.unwrap(),
+        Claim::Mismatch
+    );
+    let ttl: i64 = server
+        .cli(&["PTTL", "pfx:{route:old_done}:claim"])
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= 60_000,
+        "the record keeps the old lifetime: {ttl}"
+    );
+
+    let queued = old("old_queued", &["status", "queued"]);
+    assert_eq!(
+        s.claim(&queued, &fp("a"), None).await.unwrap(),
+        Claim::Queued
+    );
+
+    let held = old("old_held", &["status", "processing"]);
+    server.cli(&[
+        "SET",
+        "pfx:{route:old_held}:lock",
+        "an-old-token",
+        "PX",
+        "5000",
+    ]);
+    assert!(matches!(
+        s.claim(&held, &fp("a"), None).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert_eq!(server.cli(&["EXISTS", "pfx:{route:old_held}:claim"]), "0");
+
+    let lapsed_replay = old(
+        "old_lapsed_replay",
+        &[
+            "status",
+            "processing",
+            "restore",
+            "1",
+            "resp_status",
+            "201",
+            "resp_headers",
+            headers,
+            "resp_body",
+            "old",
+        ],
+    );
+    assert_eq!(
+        s.claim(&lapsed_replay, &fp("a"), None).await.unwrap(),
+        Claim::Completed(response(b"old"))
+    );
+
+    let released = old("old_released", &["status", "released"]);
+    claimed(s.claim(&released, &fp("a"), None).await.unwrap());
+
+    // An operator's replay of an old completed key: copies wait; failed, the old answer.
+    let replayed = answered("old_replayed");
+    let op = claimed(s.claim(&replayed, &fp("a"), REPLAY).await.unwrap());
+    assert!(matches!(
+        s.claim(&replayed, &fp("a"), None).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert!(s.release(&replayed, op, None).await.unwrap());
+    assert_eq!(
+        s.claim(&replayed, &fp("a"), None).await.unwrap(),
+        Claim::Completed(response(b"old"))
+    );
+}
+
 // ---- Memory-only properties ------------------------------------------------------
 
 /// Durations that overflow the clock (`now + retention`) never panic under the memory

@@ -13,7 +13,7 @@ use idemgate::queue::QueueBackend;
 use idemgate::store::MemoryQueue;
 use idemgate::store::RedisQueue;
 use idemgate::store::log::{
-    ClaimLog, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled,
+    ClaimLog, DeliveryLog, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled,
 };
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
@@ -525,8 +525,85 @@ macro_rules! both {
     };
 }
 
+/// A delivery that fails at once (the upstream refused within a millisecond) is
+/// recorded with its outcome, whether or not the claim's own log entry was written
+/// before the release (Redis writes it off the claim's path).
+async fn a_release_right_after_the_claim_keeps_its_outcome<S: Store>(s: S) {
+    let k = key("evt_fast_failure");
+    let t = claimed(s.claim(&k, &fp("a"), LOGGED).await.unwrap());
+    assert!(
+        s.release(&k, t, Some(&settled("upstream_error", Some(502), false)))
+            .await
+            .unwrap()
+    );
+    let e = s.log_entry(&k).await.unwrap().expect("logged");
+    assert_eq!(e.status, Status::Released);
+    assert_eq!(e.outcome.as_deref(), Some("upstream_error"));
+    assert_eq!((e.upstream_status, e.attempts), (Some(502), 1));
+}
+
+/// A replay of a completed key near the end of its retention that fails keeps the old
+/// answer for a whole retention from the replay: copies are not forwarded again when
+/// the original retention ends. `s`: 300 ms lease, 1 s retention.
+async fn a_failed_replay_near_expiry_keeps_the_answer_a_retention<S: Store>(s: S) {
+    let k = key("evt_replay_near_expiry");
+    let t = claimed(s.claim(&k, &fp("a"), LOGGED).await.unwrap());
+    assert!(s.complete(&k, t, &response(b"one"), None).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(700)).await; // 300 ms of retention left
+    let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
+    assert!(
+        s.release(
+            &k,
+            op,
+            Some(&settled("operator_replay_failed", Some(500), true))
+        )
+        .await
+        .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the original retention
+    assert_eq!(
+        s.claim(&k, &fp("a"), None).await.unwrap(),
+        Claim::Completed(response(b"one"))
+    );
+}
+
+/// On Redis the claim's own log write is queued off the claim's path, so a fast
+/// release can land first: it still records its outcome, in a hash with a TTL.
+#[tokio::test]
+async fn redis_a_release_before_the_claims_log_write_keeps_its_outcome() {
+    let server = RedisServer::start_new();
+    let s = RedisStore::new(&server.url(), "log", LIFETIMES, Duration::from_secs(1)).unwrap();
+    let k = key("evt_release_first");
+    let t = claimed(s.claim(&k, &fp("a"), LOGGED).await.unwrap());
+    // The claim's log write lands (the read waits for it), and is undone: as if the
+    // release had come first.
+    assert!(s.log_entry(&k).await.unwrap().is_some());
+    server.cli(&["DEL", &s.state_key(&k)]);
+    assert!(
+        s.release(&k, t, Some(&settled("upstream_error", Some(502), false)))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        server.cli(&["HGET", &s.state_key(&k), "outcome"]),
+        "upstream_error"
+    );
+    let ttl: i64 = server.cli(&["PTTL", &s.state_key(&k)]).parse().unwrap();
+    assert!(
+        ttl > 0,
+        "the release left the log hash without a TTL: {ttl}"
+    );
+}
+
+const LEASE_300MS_RETENTION_1S: Lifetimes = Lifetimes {
+    lease: Duration::from_millis(300),
+    retention: Duration::from_secs(1),
+};
+
 both!(
     stores:
+    a_release_right_after_the_claim_keeps_its_outcome => LIFETIMES,
+    a_failed_replay_near_expiry_keeps_the_answer_a_retention => LEASE_300MS_RETENTION_1S,
     claim_complete_release_are_recorded => LIFETIMES,
     a_forced_claim_reclaims_completed_but_never_a_live_claim => LIFETIMES,
     forget_frees_a_key_but_not_a_live_claim => LIFETIMES,

@@ -30,7 +30,7 @@ use crate::store::log::{
 use crate::store::{DeliveryKey, Status, StoreError};
 
 /// The hash fields a listing reads, in order.
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 12] = [
     "fp",
     "attempts",
     "duplicates",
@@ -42,6 +42,7 @@ const FIELDS: [&str; 11] = [
     "latency_ms",
     "replays",
     "req_method",
+    "status",
 ];
 
 /// How much of a record the log reads: its tag, the token and the fingerprint
@@ -66,17 +67,23 @@ fn num(f: &Fields, i: usize) -> Option<u64> {
 }
 
 /// A delivery's status and whether a claim holds it, from its record's head and
-/// whether its lock is held (record.rs); a hash without a record is a released (or
-/// lapsed) claim, and one without `first_seen` is no delivery (a fragment a late log
-/// write re-created after a forget).
+/// whether its lock is held (record.rs). Without a record, the hash's `status` of the
+/// earlier layout (claim.rs) if it holds the key, else a released (or lapsed) claim;
+/// a hash without `first_seen` is no delivery (a fragment a late log write re-created
+/// after a forget).
 fn status_of(head: &[u8], locked: bool, f: &Fields) -> Option<(Status, bool)> {
     Some(match head.first() {
         Some(b'p') => (Status::Processing, true),
         Some(b'q') => (Status::Queued, locked),
         Some(b'r') if locked => (Status::Processing, true),
         Some(b'c' | b'r') => (Status::Completed, locked),
-        _ if text(f, 3).is_some() => (Status::Released, locked),
-        _ => return None,
+        _ if text(f, 3).is_none() => return None,
+        _ => match text(f, 11).as_deref() {
+            Some("completed") if text(f, 5).is_some() => (Status::Completed, locked),
+            Some("queued") => (Status::Queued, locked),
+            Some("processing") if locked => (Status::Processing, true),
+            _ => (Status::Released, locked),
+        },
     })
 }
 

@@ -125,6 +125,10 @@ async fn run(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed_at: Option<tokio::time::Instant> = None;
+    // A transaction per delivery keeps a hash's writes and its TTL together (a batch
+    // cut by a connection reset cannot leave a hash without one); a Redis Cluster
+    // routes commands by key, and `MULTI` has none, so there the writes go plain.
+    let atomic = !matches!(conn, Connection::Cluster(_));
     loop {
         if rx.recv_many(&mut batch, BATCH).await == 0 {
             return;
@@ -133,7 +137,7 @@ async fn run(
         let mut waiting = Vec::new();
         for msg in batch.drain(..) {
             match msg {
-                Msg::Write(w) => add(&mut pipe, &w, ttls),
+                Msg::Write(w) => add(&mut pipe, &w, ttls, atomic),
                 Msg::Flush(done) => waiting.push(done),
             }
         }
@@ -158,8 +162,13 @@ async fn run(
     }
 }
 
-/// One claim's commands, replies ignored.
-fn add(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
+/// One claim's commands, replies ignored: the hash's in a transaction when `atomic`,
+/// then the index's (another slot; an index left without a TTL by a cut batch gets
+/// one from the next claim).
+fn add(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls, atomic: bool) {
+    if atomic {
+        pipe.cmd("MULTI").ignore();
+    }
     match &w.kind {
         WriteKind::Claimed { fp_hex, kept } => {
             let hset = pipe
@@ -215,6 +224,9 @@ fn add(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
                 .arg("NX")
                 .ignore();
         }
+    }
+    if atomic {
+        pipe.cmd("EXEC").ignore();
     }
     if let Some(index) = &w.index {
         pipe.cmd("ZADD").arg(index).arg(w.now).arg(&w.key).ignore();

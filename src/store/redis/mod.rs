@@ -28,8 +28,9 @@ use std::time::Duration;
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use connection::Connection;
-use record::Found;
 
+/// Claims: the plain one (no Lua) and an operator's replay.
+mod claim;
 /// A `redis://` server in cluster mode.
 mod cluster_mode;
 pub mod connection;
@@ -47,7 +48,7 @@ use super::log::{ClaimLog, Settled};
 use super::{Claim, DeliveryKey, Lifetimes, Store, StoreError, StoredResponse, Token, unix_millis};
 use crate::config::topology::Topology;
 use crate::providers::Fingerprint;
-use log_writer::{LogWrite, LogWriter, WriteKind, WriteTtls};
+use log_writer::{LogWriter, WriteTtls};
 
 /// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
 pub(crate) struct ScriptDef {
@@ -155,149 +156,6 @@ impl<'a> Call<'a> {
 }
 
 impl RedisStore {
-    /// A claim this caller won, once enough replicas confirmed it. A claim that too
-    /// few replicas confirmed is not safe to forward — a failover now could hand the
-    /// key to a copy — so it is given up in the background (with the unlogged release;
-    /// the provider's retry is then forwarded) and reported as a store error (503).
-    /// An operator's replay of a completed key given up so goes back to `completed`
-    /// with its old answer: release.lua decides that from the record, not the caller.
-    fn won(
-        &self,
-        key: &DeliveryKey,
-        token: Token,
-        acked: Option<i64>,
-    ) -> Result<Claim, StoreError> {
-        if let Some(e) = self.under_replicated("claim", acked) {
-            let store = self.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.release(&key, token, None).await {
-                    tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
-                }
-            });
-            return Err(e);
-        }
-        Ok(Claim::Claimed(token))
-    }
-
-    /// A plain claim (a first delivery or a copy): `SET record p|token|fp NX PX lease
-    /// GET`, one command and one round trip; the old record, if any, says what to
-    /// answer (record.rs). Only the rare answers take a second round trip: "in flight"
-    /// (the lease's remaining time) and a replayed key (whether the replay still holds
-    /// its lock). The log's part is queued for the log writer.
-    async fn plain_claim(
-        &self,
-        key: &DeliveryKey,
-        fp: &Fingerprint,
-        log: Option<ClaimLog<'_>>,
-    ) -> Result<Claim, StoreError> {
-        let keys = self.keys(key);
-        let token = Token::random();
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(&keys.record)
-            .arg(record::processing(token, fp))
-            .arg("NX")
-            .arg("PX")
-            .arg(ms(self.lifetimes.lease))
-            .arg("GET");
-        let (reply, acked) = self.query(cmd, &keys.record, true).await?;
-        let fp_hex = hex::encode(fp);
-        let found = match &reply {
-            Value::Nil => Found::Absent,
-            v => bytes_of(v)
-                .and_then(record::parse)
-                .ok_or_else(|| bad_reply("claim"))?,
-        };
-        if found.differs(fp_hex.as_bytes()) {
-            return Ok(Claim::Mismatch);
-        }
-        let claim = match found {
-            Found::Absent => {
-                let claim = self.won(key, token, acked)?;
-                self.log_writer
-                    .write(LogWrite {
-                        hash: keys.log,
-                        index: log.and_then(|_| self.index_key(&key.route)),
-                        key: key.key.clone(),
-                        now: unix_millis(),
-                        kind: WriteKind::Claimed {
-                            fp_hex,
-                            kept: log.and_then(|l| l.kept.cloned()),
-                        },
-                    })
-                    .await;
-                return Ok(claim);
-            }
-            // A retried claim (the first reply lost: a dropped connection, a cluster
-            // client resending after a failover) finds its own token: it owns the key.
-            Found::Processing { token: t, .. } if t == token.to_hex().as_bytes() => {
-                return self.won(key, token, acked);
-            }
-            Found::Processing { .. } => return self.in_flight(&keys.record).await,
-            Found::Queued { .. } => Claim::Queued,
-            Found::Completed { response, .. } => Claim::Completed(response),
-            Found::Replaying { response, .. } => {
-                if self.pttl(&keys.lock).await? > 0 {
-                    return self.in_flight(&keys.lock).await;
-                }
-                Claim::Completed(response)
-            }
-        };
-        {
-            self.log_writer
-                .write(LogWrite {
-                    hash: keys.log,
-                    index: log.and_then(|_| self.index_key(&key.route)),
-                    key: key.key.clone(),
-                    now: unix_millis(),
-                    kind: WriteKind::Copy,
-                })
-                .await;
-        }
-        Ok(claim)
-    }
-
-    /// "In flight", with the remaining lease of the key that holds it.
-    async fn in_flight(&self, holder: &str) -> Result<Claim, StoreError> {
-        let pttl = self.pttl(holder).await?.max(0) as u64;
-        Ok(Claim::InFlight {
-            remaining: Duration::from_millis(pttl),
-        })
-    }
-
-    async fn pttl(&self, key: &str) -> Result<i64, StoreError> {
-        let mut conn = self.conn.clone();
-        self.bounded(redis::cmd("PTTL").arg(key).query_async(&mut conn))
-            .await
-    }
-
-    /// An operator's replay: the forced claim, a script (replay.lua).
-    async fn replay_claim(
-        &self,
-        key: &DeliveryKey,
-        fp: &Fingerprint,
-        log: ClaimLog<'_>,
-    ) -> Result<Claim, StoreError> {
-        let keys = self.keys(key);
-        let index = self.index_key(&key.route);
-        let token = Token::random();
-        let mut call = Call::new(&self.scripts.replay, &[&keys.record, &keys.lock, &keys.log])
-            .key(index.as_deref())
-            .arg(token.to_hex())
-            .arg(ms(self.lifetimes.lease))
-            .arg(hex::encode(fp))
-            .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention));
-        call = self.claim_log_args(call, key, log);
-        let (reply, acked) = self.eval(&call, true).await?;
-        if let Value::Array(items) = &reply
-            && items.first().and_then(bytes_of) == Some(b"claimed")
-        {
-            return self.won(key, token, acked);
-        }
-        parse_claim(reply)
-    }
-
     /// Prepares the store without waiting for Redis: the sidecar starts (and reports
     /// not ready) while Redis is down, and connects when it comes. `url` may name one
     /// server, a Redis Cluster or a Sentinel-managed master (see `config::topology`).
@@ -422,17 +280,37 @@ impl RedisStore {
         .await
     }
 
-    /// Runs one plain command on `key`'s node (one round trip), pipelined with `WAIT`
-    /// when `replicated` and replica acks are on.
-    pub(crate) async fn query(
+    /// Runs `cmds` in one pipeline on the node of `key`'s slot (one round trip),
+    /// followed by `WAIT` when replica acks are on and `replicated`; returns their
+    /// replies and how many replicas confirmed them.
+    pub(crate) async fn query_all(
         &self,
-        cmd: Cmd,
+        cmds: &[Cmd],
         key: &str,
         replicated: bool,
-    ) -> Result<(Value, Option<i64>), StoreError> {
+    ) -> Result<(Vec<Value>, Option<i64>), StoreError> {
         let acks = self.acks.filter(|_| replicated);
+        let mut p = redis::pipe();
+        for c in cmds {
+            p.add_command(c.clone());
+        }
+        if let Some(a) = acks {
+            p.cmd("WAIT").arg(a.replicas).arg(ms(a.timeout));
+        }
         let mut conn = self.conn.clone();
-        self.bounded(send(&mut conn, cmd, key, acks)).await
+        let mut replies: Vec<Value> = self
+            .bounded(async {
+                let vals = conn.pipeline_on_key_master(p.ignore_errors(), key).await?;
+                vals.into_iter()
+                    .map(|v| v.extract_error())
+                    .collect::<RedisResult<Vec<Value>>>()
+            })
+            .await?;
+        let acked = acks.map(|_| replies.pop().as_ref().and_then(int_of).unwrap_or(0));
+        if replies.len() != cmds.len() {
+            return Err(bad_reply("a pipelined claim"));
+        }
+        Ok((replies, acked))
     }
 
     /// The error for an operation that fewer than the required replicas confirmed.
@@ -520,29 +398,6 @@ pub(crate) fn int_of(v: &Value) -> Option<i64> {
 
 fn bad_reply(what: &str) -> StoreError {
     StoreError::Unavailable(format!("unexpected reply to {what}"))
-}
-
-/// A replay script's reply other than `claimed`.
-fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(bad_reply("claim"));
-    };
-    let tag = items
-        .first()
-        .and_then(bytes_of)
-        .ok_or_else(|| bad_reply("claim"))?;
-    match tag {
-        b"claimed" => Err(bad_reply("claim")), // the caller fills in its own token
-        b"in_flight" => {
-            let pttl = items.get(1).and_then(int_of).unwrap_or(0).max(0) as u64;
-            Ok(Claim::InFlight {
-                remaining: Duration::from_millis(pttl),
-            })
-        }
-        b"mismatch" => Ok(Claim::Mismatch),
-        b"queued" => Ok(Claim::Queued),
-        _ => Err(bad_reply("claim")),
-    }
 }
 
 /// The delivery log, read and forgotten by operators.
@@ -634,7 +489,8 @@ impl Store for RedisStore {
         let mut call = Call::new(&self.scripts.release, &[&k.record, &k.lock, &k.log])
             .key(index.as_deref())
             .arg(token.to_hex())
-            .arg(unix_millis());
+            .arg(unix_millis())
+            .arg(ms(self.lifetimes.retention));
         if let Some(settled) = settled {
             call = self.release_log_args(call, key, settled);
         }

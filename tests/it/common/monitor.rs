@@ -64,8 +64,11 @@ impl Monitor {
 }
 
 /// The commands the store's log writer sends (a plain claim's log entry: one pipeline
-/// per batch, not awaited by the delivery; `src/store/redis/log_writer.rs`).
-pub const LOG_WRITES: [&str; 6] = [
+/// per batch, a transaction per delivery, not awaited by the delivery;
+/// `src/store/redis/log_writer.rs`).
+pub const LOG_WRITES: [&str; 8] = [
+    "MULTI",
+    "EXEC",
     "HSET",
     "HSETNX",
     "HINCRBY",

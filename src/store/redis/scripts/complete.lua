@@ -20,11 +20,14 @@ else
   return 0
 end
 redis.call('SET', KEYS[1], 'c|' .. fp .. ARGV[2], 'PX', ARGV[5])
+-- `status` is for sidecars of the earlier layout during a rolling upgrade (claim.rs):
+-- they answer a copy of this key (with the status code) instead of forwarding it.
 if ARGV[6] then
-  redis.call('HSET', KEYS[3], 'resp_status', ARGV[3], 'last_seen', ARGV[4],
-    'outcome', ARGV[6], 'up_status', ARGV[7], 'latency_ms', ARGV[8])
+  redis.call('HSET', KEYS[3], 'status', 'completed', 'resp_status', ARGV[3],
+    'last_seen', ARGV[4], 'outcome', ARGV[6], 'up_status', ARGV[7], 'latency_ms', ARGV[8])
 else
-  redis.call('HSET', KEYS[3], 'resp_status', ARGV[3], 'last_seen', ARGV[4])
+  redis.call('HSET', KEYS[3], 'status', 'completed', 'resp_status', ARGV[3],
+    'last_seen', ARGV[4])
 end
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
 return 1

@@ -20,9 +20,12 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return {'busy'}
   end
 end
--- The record lapsed (or was forgotten) while queued: copies are acknowledged again.
+-- The record lives as long as the entry may be delivered; one that lapsed (or was
+-- forgotten) while queued is re-created: copies are acknowledged again.
 if not rec then
   redis.call('SET', KEYS[1], 'q|' .. (redis.call('HGET', KEYS[3], 'fp') or ''), 'PX', ARGV[4])
+elseif tag == 'q' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
 redis.call('HSET', KEYS[3], 'last_seen', ARGV[3])
 redis.call('HSETNX', KEYS[3], 'first_seen', ARGV[3])

@@ -9,6 +9,7 @@ if not (rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|') then
   return 0
 end
 redis.call('SET', KEYS[1], 'q|' .. string.sub(rec, 36), 'PX', ARGV[3])
-redis.call('HSET', KEYS[2], 'delivery_attempts', 0, 'last_seen', ARGV[2])
+-- `status`: for sidecars of the earlier layout during a rolling upgrade (claim.rs).
+redis.call('HSET', KEYS[2], 'status', 'queued', 'delivery_attempts', 0, 'last_seen', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1

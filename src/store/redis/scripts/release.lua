@@ -1,12 +1,16 @@
 -- Gives a claim up so the provider's next copy is forwarded; owner only (fencing).
 -- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash, KEYS[4] the recent index
--- (not on Cluster); ARGV[1] owner token, ARGV[2] now (unix ms)
+-- (not on Cluster); ARGV[1] owner token, ARGV[2] now (unix ms), ARGV[3] retention ms
 -- A first delivery's processing record is deleted (released). A lock holder's claim
 -- leaves the record: an operator's replay of a completed key (`r`) goes back to `c`
 -- with its old answer, whichever release gives it up (a failed replay, or an
 -- under-replicated claim's plain release); a queue worker's dead-lettered key (`q`)
 -- is released, so a later copy is queued again.
 local rec = redis.call('GET', KEYS[1])
+-- The log hash's `status` says `released` when the record goes, so neither a claim
+-- reading the earlier layout's field (claim.rs) nor an earlier sidecar during a
+-- rolling upgrade takes a stale `completed` or `queued` from it.
+local status = 'released'
 if rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
   redis.call('DEL', KEYS[1])
 elseif redis.call('GET', KEYS[2]) == ARGV[1] then
@@ -14,28 +18,33 @@ elseif redis.call('GET', KEYS[2]) == ARGV[1] then
   local tag = rec and string.sub(rec, 1, 1)
   if tag == 'r' then
     redis.call('SETRANGE', KEYS[1], 0, 'c')
+    status = 'completed'
   elseif tag == 'q' then
     redis.call('DEL', KEYS[1])
+  elseif tag then
+    status = nil
   end
 else
   return 0
 end
--- The log hash is not re-created when gone (evicted): it would have no TTL.
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  return 1
+-- Delivery log, optional: ARGV[4] outcome, ARGV[5] upstream status ('' when none),
+-- ARGV[6] latency ms, ARGV[7] the delivery's key, ARGV[8] index cap, ARGV[9] the
+-- index's lifetime ms (retention + lease, as a claim sets it). The log hash may not
+-- exist yet (the claim's own log write is still queued, log_writer.rs) or any more
+-- (evicted): written anyway, and given a TTL when it has none.
+if status then
+  redis.call('HSET', KEYS[3], 'status', status)
 end
--- Delivery log, optional: ARGV[3] outcome, ARGV[4] upstream status ('' when none),
--- ARGV[5] latency ms, ARGV[6] the delivery's key, ARGV[7] index cap, ARGV[8] the
--- index's lifetime ms (retention + lease, as a claim sets it)
-if ARGV[3] then
-  redis.call('HSET', KEYS[3], 'last_seen', ARGV[2], 'outcome', ARGV[3],
-    'up_status', ARGV[4], 'latency_ms', ARGV[5])
+if ARGV[4] then
+  redis.call('HSET', KEYS[3], 'last_seen', ARGV[2], 'outcome', ARGV[4],
+    'up_status', ARGV[5], 'latency_ms', ARGV[6])
 else
   redis.call('HSET', KEYS[3], 'last_seen', ARGV[2])
 end
+redis.call('PEXPIRE', KEYS[3], ARGV[3], 'NX')
 if KEYS[4] then
-  redis.call('ZADD', KEYS[4], ARGV[2], ARGV[6])
-  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[7]) - 1)
-  redis.call('PEXPIRE', KEYS[4], ARGV[8])
+  redis.call('ZADD', KEYS[4], ARGV[2], ARGV[7])
+  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[8]) - 1)
+  redis.call('PEXPIRE', KEYS[4], ARGV[9])
 end
 return 1

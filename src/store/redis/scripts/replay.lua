@@ -43,15 +43,32 @@ if tag == 'c' or tag == 'r' then
   if tag == 'c' then
     redis.call('SETRANGE', KEYS[1], 0, 'r')
   end
-  -- The record outlives the replay's lease (renew.lua keeps it so).
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
+  -- The old answer is kept for a whole retention from the replay (and at least the
+  -- lease; renew.lua keeps it so), whether the replay records a new one or not: a
+  -- key about to expire is not left to lapse right after a failed replay.
+  redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
 else
-  if redis.call('HGET', KEYS[3], 'fp') ~= ARGV[3] then
+  -- No record: released, or a key of the earlier layout (state in the log hash's
+  -- `status`, its claim in the lock; claim.rs): a completed one is replayed as above.
+  local old = redis.call('HMGET', KEYS[3], 'fp', 'status', 'resp_status', 'resp_headers',
+    'resp_body', 'restore')
+  if old[1] ~= ARGV[3] then
     return {'mismatch'}
   end
-  redis.call('SET', KEYS[1], 'p|' .. ARGV[1] .. '|' .. ARGV[3], 'PX', ARGV[2])
+  if old[2] == 'queued' then
+    return {'queued'}
+  end
+  if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {'in_flight', redis.call('PTTL', KEYS[2])}
+  end
+  if old[3] and (old[2] == 'completed' or (old[2] == 'processing' and old[6] == '1')) then
+    local h = old[4] or ''
+    redis.call('SET', KEYS[1], 'r|' .. ARGV[3] .. '|' .. old[3] .. '|' .. #h .. '|' .. h
+      .. (old[5] or ''), 'PX', math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
+  else
+    redis.call('DEL', KEYS[2])
+    redis.call('SET', KEYS[1], 'p|' .. ARGV[1] .. '|' .. ARGV[3], 'PX', ARGV[2])
+  end
 end
 local f = {'fp', ARGV[3], 'last_seen', ARGV[4]}
 if ARGV[8] then

@@ -1,0 +1,276 @@
+//! Claims on Redis: the plain claim of a first delivery or a copy (one `SET … NX PX …
+//! GET` on the claim record, no Lua: record.rs) and an operator's replay (replay.lua).
+//!
+//! Keys written before the claim record existed keep their state in the log hash's
+//! `status` field (`completed` with `resp_*`, `queued`, `processing` under the old
+//! claim's `…:lock`): left by an earlier version for up to `retention` after an
+//! upgrade. The plain claim reads that field in the same round trip and honours it
+//! (`earlier_layout`), so an upgrade forwards no completed delivery again.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::log_writer::{LogWrite, WriteKind};
+use super::record::{self, Found};
+use super::{Call, Keys, RedisStore, bad_reply, bytes_of, int_of, ms};
+use crate::providers::Fingerprint;
+use crate::store::log::ClaimLog;
+use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token, unix_millis};
+
+impl RedisStore {
+    /// A claim this caller won, once enough replicas confirmed it. A claim that too
+    /// few replicas confirmed is not safe to forward — a failover now could hand the
+    /// key to a copy — so it is given up in the background (with the unlogged release;
+    /// the provider's retry is then forwarded) and reported as a store error (503).
+    /// An operator's replay of a completed key given up so goes back to `completed`
+    /// with its old answer: release.lua decides that from the record, not the caller.
+    fn won(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        acked: Option<i64>,
+    ) -> Result<Claim, StoreError> {
+        if let Some(e) = self.under_replicated("claim", acked) {
+            let store = self.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.release(&key, token, None).await {
+                    tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
+                }
+            });
+            return Err(e);
+        }
+        Ok(Claim::Claimed(token))
+    }
+
+    /// A plain claim (a first delivery or a copy): `SET record p|token|fp NX PX lease
+    /// GET`, one command and one round trip (with the log hash's `status`, for keys of
+    /// the earlier layout); the old record, if any, says what to answer (record.rs).
+    /// Only the rare answers take a second round trip: "in flight" (the lease's
+    /// remaining time), a replayed key (whether the replay still holds its lock) and a
+    /// key of the earlier layout. The log's part is queued for the log writer.
+    pub(super) async fn plain_claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: Option<ClaimLog<'_>>,
+    ) -> Result<Claim, StoreError> {
+        let keys = self.keys(key);
+        let token = Token::random();
+        let mut set = redis::cmd("SET");
+        set.arg(&keys.record)
+            .arg(record::processing(token, fp))
+            .arg("NX")
+            .arg("PX")
+            .arg(ms(self.lifetimes.lease))
+            .arg("GET");
+        let mut status = redis::cmd("HGET");
+        status.arg(&keys.log).arg("status");
+        let (replies, acked) = self.query_all(&[set, status], &keys.record, true).await?;
+        let fp_hex = hex::encode(fp);
+        let found = match replies.first() {
+            Some(Value::Nil) => Found::Absent,
+            v => v
+                .and_then(bytes_of)
+                .and_then(record::parse)
+                .ok_or_else(|| bad_reply("claim"))?,
+        };
+        if found.differs(fp_hex.as_bytes()) {
+            return Ok(Claim::Mismatch);
+        }
+        let claim = match found {
+            Found::Absent => {
+                let earlier = replies.get(1).and_then(bytes_of).unwrap_or_default();
+                if !earlier.is_empty() && earlier != b"released" {
+                    let answer = self.earlier_layout(&keys, &fp_hex, earlier).await?;
+                    if let Some(claim) = answer {
+                        if matches!(claim, Claim::Completed(_) | Claim::Queued) {
+                            self.log_copy(&keys, key, log).await;
+                        }
+                        return Ok(claim);
+                    }
+                }
+                let claim = self.won(key, token, acked)?;
+                self.log_writer
+                    .write(LogWrite {
+                        hash: keys.log,
+                        index: log.and_then(|_| self.index_key(&key.route)),
+                        key: key.key.clone(),
+                        now: unix_millis(),
+                        kind: WriteKind::Claimed {
+                            fp_hex,
+                            kept: log.and_then(|l| l.kept.cloned()),
+                        },
+                    })
+                    .await;
+                return Ok(claim);
+            }
+            // A retried claim (the first reply lost: a dropped connection, a cluster
+            // client resending after a failover) finds its own token: it owns the key.
+            Found::Processing { token: t, .. } if t == token.to_hex().as_bytes() => {
+                return self.won(key, token, acked);
+            }
+            Found::Processing { .. } => return self.in_flight(&keys.record).await,
+            Found::Queued { .. } => Claim::Queued,
+            Found::Completed { response, .. } => Claim::Completed(response),
+            Found::Replaying { response, .. } => {
+                if self.pttl(&keys.lock).await? > 0 {
+                    return self.in_flight(&keys.lock).await;
+                }
+                Claim::Completed(response)
+            }
+        };
+        self.log_copy(&keys, key, log).await;
+        Ok(claim)
+    }
+
+    /// "In flight", with the remaining lease of the key that holds it.
+    async fn in_flight(&self, holder: &str) -> Result<Claim, StoreError> {
+        let pttl = self.pttl(holder).await?.max(0) as u64;
+        Ok(Claim::InFlight {
+            remaining: Duration::from_millis(pttl),
+        })
+    }
+
+    async fn pttl(&self, key: &str) -> Result<i64, StoreError> {
+        let mut conn = self.conn.clone();
+        self.bounded(redis::cmd("PTTL").arg(key).query_async(&mut conn))
+            .await
+    }
+
+    /// Queues a copy's log write (one more duplicate).
+    async fn log_copy(&self, keys: &Keys, key: &DeliveryKey, log: Option<ClaimLog<'_>>) {
+        self.log_writer
+            .write(LogWrite {
+                hash: keys.log.clone(),
+                index: log.and_then(|_| self.index_key(&key.route)),
+                key: key.key.clone(),
+                now: unix_millis(),
+                kind: WriteKind::Copy,
+            })
+            .await;
+    }
+
+    /// This call just took a free record (`p|token|fp`, so no one else can change it
+    /// until it lapses) of a key whose log hash says `status` in the earlier layout.
+    /// A completed key gets its record (`c`, for the hash's remaining lifetime) and its
+    /// answer; a queued one `q`; one an earlier sidecar holds (its `…:lock` alive) is
+    /// given back and answered "in flight". `None`: the earlier state does not hold the
+    /// key (released, lapsed): the claim stands.
+    async fn earlier_layout(
+        &self,
+        keys: &Keys,
+        fp_hex: &str,
+        status: &[u8],
+    ) -> Result<Option<Claim>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET")
+            .arg(&keys.log)
+            .arg(&["fp", "resp_status", "resp_headers", "resp_body", "restore"])
+            .cmd("PTTL")
+            .arg(&keys.log)
+            .cmd("PTTL")
+            .arg(&keys.lock);
+        let mut conn = self.conn.clone();
+        type Old = (Vec<Option<Vec<u8>>>, i64, i64);
+        let (f, hash_ttl, lock_ttl): Old = self.bounded(pipe.query_async(&mut conn)).await?;
+        let field = |i: usize| f.get(i).cloned().flatten();
+        let old_fp = field(0).unwrap_or_default();
+        let answer = field(1)
+            .and_then(|s| String::from_utf8(s).ok()?.parse::<u16>().ok())
+            .map(|status| StoredResponse {
+                status,
+                headers: field(2).unwrap_or_default().into(),
+                body: field(3).unwrap_or_default().into(),
+            });
+        let lapsed_replay = status == b"processing" && field(4).as_deref() == Some(b"1");
+        let held = lock_ttl > 0 || status == b"completed" || status == b"queued" || lapsed_replay;
+        let mut write = redis::cmd("SET");
+        write.arg(&keys.record);
+        let claim = if held && !old_fp.is_empty() && old_fp != fp_hex.as_bytes() {
+            write = redis::cmd("DEL");
+            write.arg(&keys.record);
+            Claim::Mismatch
+        } else if lock_ttl > 0 {
+            // An earlier sidecar's claim (or replay) holds the key: this one gives its
+            // record back.
+            write = redis::cmd("DEL");
+            write.arg(&keys.record);
+            Claim::InFlight {
+                remaining: Duration::from_millis(lock_ttl as u64),
+            }
+        } else if let Some(a) = answer.filter(|_| status == b"completed" || lapsed_replay) {
+            let mut rec = b"c|".to_vec();
+            rec.extend(&old_fp);
+            rec.extend(record::completed_tail(&a));
+            write.arg(rec).arg("XX").arg("PX").arg(hash_ttl.max(1));
+            Claim::Completed(a)
+        } else if status == b"queued" {
+            let mut rec = b"q|".to_vec();
+            rec.extend(if old_fp.is_empty() {
+                fp_hex.as_bytes()
+            } else {
+                &old_fp
+            });
+            let keep = hash_ttl.max(ms(self.lifetimes.retention) as i64);
+            write.arg(rec).arg("XX").arg("PX").arg(keep);
+            Claim::Queued
+        } else {
+            return Ok(None);
+        };
+        let mut conn = self.conn.clone();
+        let _: Value = self.bounded(write.query_async(&mut conn)).await?;
+        Ok(Some(claim))
+    }
+
+    /// An operator's replay: the forced claim, a script (replay.lua).
+    pub(super) async fn replay_claim(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        log: ClaimLog<'_>,
+    ) -> Result<Claim, StoreError> {
+        let keys = self.keys(key);
+        let index = self.index_key(&key.route);
+        let token = Token::random();
+        let mut call = Call::new(&self.scripts.replay, &[&keys.record, &keys.lock, &keys.log])
+            .key(index.as_deref())
+            .arg(token.to_hex())
+            .arg(ms(self.lifetimes.lease))
+            .arg(hex::encode(fp))
+            .arg(unix_millis())
+            .arg(ms(self.lifetimes.retention));
+        call = self.claim_log_args(call, key, log);
+        let (reply, acked) = self.eval(&call, true).await?;
+        if let Value::Array(items) = &reply
+            && items.first().and_then(bytes_of) == Some(b"claimed")
+        {
+            return self.won(key, token, acked);
+        }
+        parse_claim(reply)
+    }
+}
+
+/// A replay script's reply other than `claimed`.
+fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(bad_reply("claim"));
+    };
+    let tag = items
+        .first()
+        .and_then(bytes_of)
+        .ok_or_else(|| bad_reply("claim"))?;
+    match tag {
+        b"claimed" => Err(bad_reply("claim")), // the caller fills in its own token
+        b"in_flight" => {
+            let pttl = items.get(1).and_then(int_of).unwrap_or(0).max(0) as u64;
+            Ok(Claim::InFlight {
+                remaining: Duration::from_millis(pttl),
+            })
+        }
+        b"mismatch" => Ok(Claim::Mismatch),
+        b"queued" => Ok(Claim::Queued),
+        _ => Err(bad_reply("claim")),
+    }
+}
