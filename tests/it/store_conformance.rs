@@ -592,7 +592,7 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
     );
 }
 
-/// No script leaves a key without a TTL, and a completion whose status hash vanished
+/// No script leaves a key without a TTL, and a completion whose log hash vanished
 /// (evicted, deleted by hand) still answers copies of the same payload: a call that
 /// outlives `retention` keeps its hash alive, and a hash that is gone anyway is not
 /// re-created without a TTL.
