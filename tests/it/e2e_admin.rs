@@ -523,7 +523,7 @@ async fn memory_cost_of_a_log_entry() {
         .unwrap();
     let per_member = (after - before) / 1000;
     println!(
-        "MEMORY: status hash without the log = {bare} B, with log fields = {hash} B (+{}), with kept request ({} B body) = {kept} B; recent index ≈ {per_member} B per member",
+        "MEMORY: log hash without the settled fields = {bare} B, with them = {hash} B (+{}), with kept request ({} B body) = {kept} B; recent index ≈ {per_member} B per member",
         hash - bare,
         d2.body.len()
     );

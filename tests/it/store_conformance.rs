@@ -382,6 +382,11 @@ conformance! {
 
 // ---- Redis-only properties -------------------------------------------------------
 
+/// A key's remaining lifetime in ms (-2: gone, -1: no TTL).
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.cli(&["PTTL", key]).parse().unwrap()
+}
+
 /// The keys of a delivery carry the same `{route:key}` hash tag, and carry TTLs: the
 /// claim record lives for the lease while processing, the log hash longer; the record
 /// holds the owner's token and the payload's fingerprint.
@@ -402,15 +407,9 @@ async fn redis_keys_share_a_hash_tag_and_expire() {
             "pfx:{route:evt_tag}:claim".to_string()
         ]
     );
-    let record_ttl: i64 = server
-        .cli(&["PTTL", "pfx:{route:evt_tag}:claim"])
-        .parse()
-        .unwrap();
+    let record_ttl = pttl(&server, "pfx:{route:evt_tag}:claim");
     assert!(record_ttl > 0 && record_ttl <= 30_000, "{record_ttl}");
-    let log_ttl: i64 = server
-        .cli(&["PTTL", "pfx:{route:evt_tag}"])
-        .parse()
-        .unwrap();
+    let log_ttl = pttl(&server, "pfx:{route:evt_tag}");
     assert!(log_ttl > 30_000 && log_ttl <= 3_600_000, "{log_ttl}");
     assert_eq!(
         server.cli(&["GET", "pfx:{route:evt_tag}:claim"]),
@@ -418,10 +417,7 @@ async fn redis_keys_share_a_hash_tag_and_expire() {
     );
     // Completed: the record holds the answer for `retention`.
     assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
-    let record_ttl: i64 = server
-        .cli(&["PTTL", "pfx:{route:evt_tag}:claim"])
-        .parse()
-        .unwrap();
+    let record_ttl = pttl(&server, "pfx:{route:evt_tag}:claim");
     assert!(
         record_ttl > 30_000 && record_ttl <= 3_600_000,
         "{record_ttl}"
@@ -592,7 +588,7 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
     );
 }
 
-/// No script leaves a key without a TTL, and a completion whose status hash vanished
+/// No script leaves a key without a TTL, and a completion whose log hash vanished
 /// (evicted, deleted by hand) still answers copies of the same payload: a call that
 /// outlives `retention` keeps its hash alive, and a hash that is gone anyway is not
 /// re-created without a TTL.
@@ -652,22 +648,16 @@ async fn redis_keys_of_the_earlier_layout_are_honoured() {
         key(id)
     };
     let headers = "content-type: text/plain\r\nx-app: 1\r\n";
-    let answered = |id: &str| {
-        old(
-            id,
-            &[
-                "status",
-                "completed",
-                "resp_status",
-                "201",
-                "resp_headers",
-                headers,
-                "resp_body",
-                "old",
-            ],
-        )
-    };
-    let done = answered("old_done");
+    let answer = [
+        "resp_status",
+        "201",
+        "resp_headers",
+        headers,
+        "resp_body",
+        "old",
+    ];
+    let answered = |id: &str, status: &[&str]| old(id, &[status, &answer[..]].concat());
+    let done = answered("old_done", &["status", "completed"]);
     for _ in 0..2 {
         assert_eq!(
             s.claim(&done, &fp("a"), None).await.unwrap(),
@@ -678,10 +668,7 @@ async fn redis_keys_of_the_earlier_layout_are_honoured() {
         s.claim(&done, &fp("b"), None).await.unwrap(),
         Claim::Mismatch
     );
-    let ttl: i64 = server
-        .cli(&["PTTL", "pfx:{route:old_done}:claim"])
-        .parse()
-        .unwrap();
+    let ttl = pttl(&server, "pfx:{route:old_done}:claim");
     assert!(
         ttl > 0 && ttl <= 60_000,
         "the record keeps the old lifetime: {ttl}"
@@ -707,20 +694,9 @@ async fn redis_keys_of_the_earlier_layout_are_honoured() {
     ));
     assert_eq!(server.cli(&["EXISTS", "pfx:{route:old_held}:claim"]), "0");
 
-    let lapsed_replay = old(
+    let lapsed_replay = answered(
         "old_lapsed_replay",
-        &[
-            "status",
-            "processing",
-            "restore",
-            "1",
-            "resp_status",
-            "201",
-            "resp_headers",
-            headers,
-            "resp_body",
-            "old",
-        ],
+        &["status", "processing", "restore", "1"],
     );
     assert_eq!(
         s.claim(&lapsed_replay, &fp("a"), None).await.unwrap(),
@@ -731,7 +707,7 @@ async fn redis_keys_of_the_earlier_layout_are_honoured() {
     claimed(s.claim(&released, &fp("a"), None).await.unwrap());
 
     // An operator's replay of an old completed key: copies wait; failed, the old answer.
-    let replayed = answered("old_replayed");
+    let replayed = answered("old_replayed", &["status", "completed"]);
     let op = claimed(s.claim(&replayed, &fp("a"), REPLAY).await.unwrap());
     assert!(matches!(
         s.claim(&replayed, &fp("a"), None).await.unwrap(),

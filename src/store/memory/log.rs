@@ -59,7 +59,7 @@ impl Entry {
 
 impl MemoryStore {
     /// An operator's replay re-claims the delivery it read, with the same answers as
-    /// claim.lua: gone or another payload → `Mismatch`, queued → `Queued`, a live
+    /// replay.lua: gone or another payload → `Mismatch`, queued → `Queued`, a live
     /// claim → `InFlight`. Over a completed key it keeps the old answer to go back to
     /// (`restore`). (A provider's logged claim is `claim_in` with the kept request.)
     pub(super) fn replay_claim(

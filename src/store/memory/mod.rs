@@ -33,8 +33,8 @@ struct Entry {
     /// The delivery log's extra fields: outcome, upstream status, latency, kept request.
     log: log::Extra,
     /// An operator's replay of a completed key holds (or held) the claim: unless it
-    /// records a new answer, the key stays completed with its old one (`restore` in
-    /// claim.lua).
+    /// records a new answer, the key stays completed with its old one (the `r` record
+    /// on Redis, record.rs).
     restore: bool,
 }
 
@@ -231,7 +231,7 @@ impl MemoryStore {
                 entry.attempts += 1;
                 entry.last_seen = ms;
                 entry.restore = false;
-                // The record outlives the claim (claim.lua).
+                // The record outlives the claim (as the log hash on Redis).
                 entry.expires_at = later(now, retention.max(lease));
                 if let Some(k) = kept {
                     entry.log.request = Some(k.clone());

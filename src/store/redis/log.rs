@@ -1,5 +1,5 @@
-//! The delivery log on Redis: the log's arguments to the claim, complete and release
-//! scripts, and the operator's reads of each delivery's status hash.
+//! The delivery log on Redis: the log's arguments to the replay, complete and release
+//! scripts, and the operator's reads of each delivery's log hash and claim record.
 //!
 //! The log is a hash per delivery beside its claim record (record.rs): `fp`,
 //! `attempts`, `duplicates`, `first_seen`, `last_seen` and, with `keep_payload`,
