@@ -422,6 +422,12 @@ async fn redis_keys_share_a_hash_tag_and_expire() {
         record_ttl > 30_000 && record_ttl <= 3_600_000,
         "{record_ttl}"
     );
+    // What a sidecar of the earlier layout reads during a rolling upgrade: the status
+    // and the answer's status code, so it answers a copy instead of forwarding it.
+    assert_eq!(
+        server.cli(&["HMGET", "pfx:{route:evt_tag}", "status", "resp_status"]),
+        "completed\n201"
+    );
     assert!(
         server
             .cli(&["GET", "pfx:{route:evt_tag}:claim"])
@@ -627,6 +633,23 @@ async fn redis_no_script_leaves_a_key_without_a_ttl() {
     assert_eq!(
         s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
+    );
+    // A copy's log write that re-creates a vanished hash (a forget racing it) gives it
+    // a TTL, and such a fragment is no delivery to the log once the record is gone.
+    server.cli(&["DEL", &s.state_key(&k)]);
+    assert!(matches!(
+        s.claim(&k, &fp("a"), None).await.unwrap(),
+        Claim::Completed(_)
+    ));
+    assert_eq!(
+        s.log_entry(&k).await.unwrap().unwrap().status,
+        Status::Completed
+    );
+    assert!(pttl(&k) > 0, "a copy's log write left no TTL: {}", pttl(&k));
+    server.cli(&["DEL", &format!("{}:claim", s.state_key(&k))]);
+    assert!(
+        s.log_entry(&k).await.unwrap().is_none(),
+        "a fragment listed"
     );
 }
 
