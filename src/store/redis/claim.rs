@@ -58,9 +58,11 @@ impl RedisStore {
     ) -> Result<Claim, StoreError> {
         let keys = self.keys(key);
         let token = Token::random();
+        let token_hex = token.to_hex();
+        let fp_hex = hex::encode(fp);
         let mut set = redis::cmd("SET");
         set.arg(&keys.record)
-            .arg(record::processing(token, fp))
+            .arg(record::processing(&token_hex, &fp_hex))
             .arg("NX")
             .arg("PX")
             .arg(ms(self.lifetimes.lease))
@@ -68,7 +70,6 @@ impl RedisStore {
         let mut status = redis::cmd("HGET");
         status.arg(&keys.log).arg("status");
         let (replies, acked) = self.query_all(&[set, status], &keys.record, true).await?;
-        let fp_hex = hex::encode(fp);
         let found = match replies.first() {
             Some(Value::Nil) => Found::Absent,
             v => v
@@ -86,51 +87,41 @@ impl RedisStore {
                     let answer = self.earlier_layout(&keys, &fp_hex, earlier).await?;
                     if let Some(claim) = answer {
                         if matches!(claim, Claim::Completed(_) | Claim::Queued) {
-                            self.log_copy(&keys, key, log).await;
+                            self.log_write(keys.log, key, log, WriteKind::Copy).await;
                         }
                         return Ok(claim);
                     }
                 }
                 let claim = self.won(key, token, acked)?;
-                self.log_writer
-                    .write(LogWrite {
-                        hash: keys.log,
-                        index: log.and_then(|_| self.index_key(&key.route)),
-                        key: key.key.clone(),
-                        now: unix_millis(),
-                        kind: WriteKind::Claimed {
-                            fp_hex,
-                            kept: log.and_then(|l| l.kept.cloned()),
-                        },
-                    })
-                    .await;
+                let kept = log.and_then(|l| l.kept.cloned());
+                let kind = WriteKind::Claimed { fp_hex, kept };
+                self.log_write(keys.log, key, log, kind).await;
                 return Ok(claim);
             }
             // A retried claim (the first reply lost: a dropped connection, a cluster
             // client resending after a failover) finds its own token: it owns the key.
-            Found::Processing { token: t, .. } if t == token.to_hex().as_bytes() => {
+            Found::Processing { token: t, .. } if t == token_hex.as_bytes() => {
                 return self.won(key, token, acked);
             }
             Found::Processing { .. } => return self.in_flight(&keys.record).await,
             Found::Queued { .. } => Claim::Queued,
             Found::Completed { response, .. } => Claim::Completed(response),
             Found::Replaying { response, .. } => {
-                if self.pttl(&keys.lock).await? > 0 {
-                    return self.in_flight(&keys.lock).await;
+                // One read says both whether the replay holds the key and for how long.
+                let remaining = self.pttl(&keys.lock).await?;
+                if remaining > 0 {
+                    return Ok(in_flight(remaining));
                 }
                 Claim::Completed(response)
             }
         };
-        self.log_copy(&keys, key, log).await;
+        self.log_write(keys.log, key, log, WriteKind::Copy).await;
         Ok(claim)
     }
 
     /// "In flight", with the remaining lease of the key that holds it.
     async fn in_flight(&self, holder: &str) -> Result<Claim, StoreError> {
-        let pttl = self.pttl(holder).await?.max(0) as u64;
-        Ok(Claim::InFlight {
-            remaining: Duration::from_millis(pttl),
-        })
+        Ok(in_flight(self.pttl(holder).await?))
     }
 
     async fn pttl(&self, key: &str) -> Result<i64, StoreError> {
@@ -139,17 +130,24 @@ impl RedisStore {
             .await
     }
 
-    /// Queues a copy's log write (one more duplicate).
-    async fn log_copy(&self, keys: &Keys, key: &DeliveryKey, log: Option<ClaimLog<'_>>) {
-        self.log_writer
-            .write(LogWrite {
-                hash: keys.log.clone(),
-                index: log.and_then(|_| self.index_key(&key.route)),
-                key: key.key.clone(),
-                now: unix_millis(),
-                kind: WriteKind::Copy,
-            })
-            .await;
+    /// Queues this claim's log write (the recent index only for a logged claim).
+    async fn log_write(
+        &self,
+        hash: String,
+        key: &DeliveryKey,
+        log: Option<ClaimLog<'_>>,
+        kind: WriteKind,
+    ) {
+        let index = log.and_then(|_| self.index_key(&key.route));
+        let (key, now) = (key.key.clone(), unix_millis());
+        let write = LogWrite {
+            hash,
+            index,
+            key,
+            now,
+            kind,
+        };
+        self.log_writer.write(write).await;
     }
 
     /// This call just took a free record (`p|token|fp`, so no one else can change it
@@ -197,9 +195,7 @@ impl RedisStore {
             // record back.
             write = redis::cmd("DEL");
             write.arg(&keys.record);
-            Claim::InFlight {
-                remaining: Duration::from_millis(lock_ttl as u64),
-            }
+            in_flight(lock_ttl)
         } else if let Some(a) = answer.filter(|_| status == b"completed" || lapsed_replay) {
             let mut rec = b"c|".to_vec();
             rec.extend(&old_fp);
@@ -252,6 +248,13 @@ impl RedisStore {
     }
 }
 
+/// "In flight" for `pttl` ms more (a negative PTTL, gone meanwhile: none).
+fn in_flight(pttl: i64) -> Claim {
+    Claim::InFlight {
+        remaining: Duration::from_millis(pttl.max(0) as u64),
+    }
+}
+
 /// A replay script's reply other than `claimed`.
 fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
     let Value::Array(items) = reply else {
@@ -263,12 +266,7 @@ fn parse_claim(reply: Value) -> Result<Claim, StoreError> {
         .ok_or_else(|| bad_reply("claim"))?;
     match tag {
         b"claimed" => Err(bad_reply("claim")), // the caller fills in its own token
-        b"in_flight" => {
-            let pttl = items.get(1).and_then(int_of).unwrap_or(0).max(0) as u64;
-            Ok(Claim::InFlight {
-                remaining: Duration::from_millis(pttl),
-            })
-        }
+        b"in_flight" => Ok(in_flight(items.get(1).and_then(int_of).unwrap_or(0))),
         b"mismatch" => Ok(Claim::Mismatch),
         b"queued" => Ok(Claim::Queued),
         _ => Err(bad_reply("claim")),

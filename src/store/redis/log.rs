@@ -87,18 +87,6 @@ fn status_of(head: &[u8], locked: bool, f: &Fields) -> Option<(Status, bool)> {
     })
 }
 
-/// The fingerprint in a record's head, if it holds one.
-fn record_fp(head: &[u8]) -> Option<String> {
-    let rest = head.get(2..)?;
-    let fp = match head.first()? {
-        b'p' => rest.get(33..)?,
-        _ => rest.split(|&c| c == b'|').next()?,
-    };
-    String::from_utf8(fp.to_vec())
-        .ok()
-        .filter(|s| !s.is_empty())
-}
-
 fn entry_of(route: &str, key: &str, f: &Fields, head: &[u8], locked: bool) -> Option<LogEntry> {
     let (status, claimed) = status_of(head, locked, f)?;
     Some(LogEntry {
@@ -106,7 +94,9 @@ fn entry_of(route: &str, key: &str, f: &Fields, head: &[u8], locked: bool) -> Op
         key: key.to_string(),
         status,
         claimed,
-        fingerprint: record_fp(head).or_else(|| text(f, 0)).unwrap_or_default(),
+        fingerprint: super::record::fp_in_head(head)
+            .or_else(|| text(f, 0))
+            .unwrap_or_default(),
         attempts: num(f, 1).unwrap_or(0),
         duplicates: num(f, 2).unwrap_or(0),
         first_seen: num(f, 3).unwrap_or(0),

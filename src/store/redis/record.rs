@@ -19,8 +19,7 @@
 
 use bytes::Bytes;
 
-use crate::providers::Fingerprint;
-use crate::store::{StoredResponse, Token};
+use crate::store::StoredResponse;
 
 /// What a claim found in the record (or `Absent`: the caller's `SET NX` took the key).
 #[derive(Debug, PartialEq, Eq)]
@@ -58,13 +57,26 @@ impl Found {
 }
 
 /// The processing record a claim writes: `p|<token hex>|<fp hex>`.
-pub(crate) fn processing(token: Token, fp: &Fingerprint) -> Vec<u8> {
-    let mut v = Vec::with_capacity(2 + 32 + 1 + 64);
+pub(crate) fn processing(token_hex: &str, fp_hex: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + token_hex.len() + 1 + fp_hex.len());
     v.extend_from_slice(b"p|");
-    v.extend_from_slice(token.to_hex().as_bytes());
+    v.extend_from_slice(token_hex.as_bytes());
     v.push(b'|');
-    v.extend_from_slice(hex::encode(fp).as_bytes());
+    v.extend_from_slice(fp_hex.as_bytes());
     v
+}
+
+/// The fingerprint in the head of a record (its first bytes, as the log reads them
+/// without the stored answer), if it holds one.
+pub(crate) fn fp_in_head(head: &[u8]) -> Option<String> {
+    let rest = head.get(2..)?;
+    let fp = match head.first()? {
+        b'p' => rest.get(33..)?,
+        _ => rest.split(|&c| c == b'|').next()?,
+    };
+    String::from_utf8(fp.to_vec())
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// What follows the fingerprint in a completed record (complete.lua prepends
@@ -139,18 +151,19 @@ mod tests {
 
     #[test]
     fn records_round_trip_as_the_scripts_write_them() {
-        let t = Token([7; 16]);
-        let fp = [9u8; 32];
-        let p = processing(t, &fp);
+        let t = crate::store::Token([7; 16]);
+        let fp = hex::encode([9u8; 32]);
+        let p = processing(&t.to_hex(), &fp);
         // The scripts' owner check is the first 35 bytes: `p|` + 32 hex + `|`.
         assert_eq!(&p[..35], format!("p|{}|", t.to_hex()).as_bytes());
         assert_eq!(
             parse(&p),
             Some(Found::Processing {
                 token: t.to_hex().into_bytes(),
-                fp: hex::encode(fp).into_bytes()
+                fp: fp.clone().into_bytes()
             })
         );
+        assert_eq!(fp_in_head(&p), Some(fp));
         // complete.lua: 'c|' .. fp .. tail; `|` inside headers and body is fine.
         let mut c = b"c|ab".to_vec();
         c.extend(completed_tail(&answer()));
