@@ -25,6 +25,7 @@ mod e2e_soak;
 mod e2e_tls;
 mod inject;
 mod layering;
+mod pacing_conformance;
 mod props;
 mod queue_conformance;
 mod store_conformance;

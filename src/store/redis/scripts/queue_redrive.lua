@@ -3,8 +3,10 @@
 -- and the dead letter deleted. The key's attempts are counted per entry (see
 -- deliver_lock.lua), so the new entry starts at attempt 1 with nothing to reset on
 -- the key, which lives in another slot.
--- KEYS[1] queue, KEYS[2] dead-letter stream; ARGV[1] dead-letter entry ID,
--- ARGV[2] now (unix ms)
+-- An ordered entry joins the end of its order value's list: it is delivered after the
+-- deliveries of its order value accepted before the redrive.
+-- KEYS[1] queue, KEYS[2] dead-letter stream, KEYS[3] the order list (absent when
+-- unordered); ARGV[1] dead-letter entry ID, ARGV[2] now (unix ms)
 -- Returns the new queue entry ID, or false when there is no such dead letter.
 local found = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1])
 if #found == 0 then
@@ -24,4 +26,7 @@ for i = 1, #fields, 2 do
 end
 local id = redis.call('XADD', KEYS[1], '*', unpack(out))
 redis.call('XDEL', KEYS[2], ARGV[1])
+if KEYS[3] then
+  redis.call('RPUSH', KEYS[3], id)
+end
 return id
