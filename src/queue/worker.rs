@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, Method};
 use tokio::sync::Semaphore;
@@ -46,6 +46,12 @@ impl AsyncMode {
                         .unwrap_or(0.0);
                     m.oldest_age.set(age);
                 }
+                Err(e) => {
+                    tracing::debug!(route = &*state.route.name, error = %e, "queue stats failed")
+                }
+            }
+            match self.backend.route_state(&state.route.name).await {
+                Ok(r) => m.paused.set(i64::from(r.paused)),
                 Err(e) => {
                     tracing::debug!(route = &*state.route.name, error = %e, "queue stats failed")
                 }
@@ -147,7 +153,7 @@ impl AsyncMode {
                                 id,
                                 "malformed queue entry dropped"
                             );
-                            let _ = this.backend.done(&state.route.name, &id).await;
+                            let _ = this.backend.done(&state.route.name, &id, None).await;
                         }
                     }
                     if let Ok(mut h) = in_hand.lock() {
@@ -190,7 +196,7 @@ impl AsyncMode {
     }
 
     /// Sleeps `d`, or less when shutting down; false when shutting down.
-    async fn pause(&self, d: Duration) -> bool {
+    pub(super) async fn pause(&self, d: Duration) -> bool {
         tokio::select! {
             _ = self.stop.cancelled() => false,
             _ = tokio::time::sleep(d) => true,
@@ -198,22 +204,31 @@ impl AsyncMode {
     }
 
     /// Delivers one entry: attempts until the upstream completes it, or it is dead.
+    /// Each attempt first waits for the route's pacing (`pace.rs`), then takes the
+    /// key's claim.
     async fn deliver(&self, state: &AsyncRouteState, id: &str, entry: QueueEntry) {
         let route: &str = &state.route.name;
         let cfg = &state.cfg;
         let key = DeliveryKey::new(state.route.name.clone(), entry.key.clone());
+        let order = entry.order.as_deref();
         let mut last_error = String::new();
         loop {
             if self.stop.is_cancelled() {
                 return; // left pending: taken over by another consumer
             }
+            let ordered = state.order.as_ref().and(order).map(|o| (o, id));
+            let Some(admitted) = self.admitted(state, ordered).await else {
+                return;
+            };
             let (token, attempt) = match self.backend.lock(&key, id, cfg.max_age).await {
                 Ok(Lock::Claimed { token, attempt }) => (token, attempt),
                 Ok(Lock::Completed) => {
-                    self.finish(route, id).await;
+                    self.leave(state, admitted).await;
+                    self.finish(route, id, order).await;
                     return;
                 }
                 Ok(Lock::Busy) => {
+                    self.leave(state, admitted).await;
                     if !self
                         .pause(cfg.backoff.min(Duration::from_millis(500)))
                         .await
@@ -223,6 +238,7 @@ impl AsyncMode {
                     continue;
                 }
                 Err(e) => {
+                    self.leave(state, admitted).await;
                     tracing::warn!(route, key = %key.key, error = %e, "queue: taking the key failed");
                     if !self.pause(Duration::from_secs(1)).await {
                         return;
@@ -239,6 +255,7 @@ impl AsyncMode {
             };
             let age = Duration::from_millis(unix_millis().saturating_sub(entry.received_at));
             if attempt > u64::from(cfg.max_attempts) || age > cfg.max_age {
+                self.leave(state, admitted).await;
                 if last_error.is_empty() {
                     last_error = if age > cfg.max_age {
                         format!(
@@ -255,6 +272,7 @@ impl AsyncMode {
             let started = Instant::now();
             let result = self.forward(&held).await;
             let took = started.elapsed();
+            self.leave(state, admitted).await;
             state.metrics.delivery_duration.observe(took.as_secs_f64());
             match result {
                 Ok(resp) if state.route.success.completes(resp.status, &resp.body) => {
@@ -279,9 +297,30 @@ impl AsyncMode {
                         tracing::warn!(route, key = %key.key, "completion not recorded (claim lost or store failing); the entry stays pending");
                         return;
                     }
-                    self.finish(route, id).await;
+                    self.finish(route, id, order).await;
                     tracing::info!(route, key = %key.key, attempt, status = stored.status, duration_ms = took.as_secs_f64() * 1000.0, "queued delivery completed");
                     return;
+                }
+                Ok(resp)
+                    if let Some(hold) = super::retry_after(
+                        &resp,
+                        SystemTime::now(),
+                        cfg.throttle.retry_after_cap,
+                    ) =>
+                {
+                    // The application asks the route to slow down: hold it (every
+                    // sidecar), and give the attempt back.
+                    state.metrics.attempts_held.inc();
+                    tracing::info!(route, key = %key.key, status = resp.status.as_u16(), hold_ms = hold.as_millis() as u64, "the application asked to wait (Retry-After); the route is held and the attempt not counted");
+                    if let Err(e) = self.backend.hold(route, hold).await {
+                        tracing::warn!(route, error = %e, "holding the route failed; this entry waits alone");
+                        if !self.pause(hold).await {
+                            return;
+                        }
+                    }
+                    if let Err(e) = self.backend.unlock(&key, token, true).await {
+                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
+                    }
                 }
                 other => {
                     state.metrics.attempts_failed.inc();
@@ -294,7 +333,7 @@ impl AsyncMode {
                         self.bury(&held, attempt, &last_error).await;
                         return;
                     }
-                    if let Err(e) = self.backend.unlock(&key, token).await {
+                    if let Err(e) = self.backend.unlock(&key, token, false).await {
                         tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
                     }
                     let wait = backoff_delay(cfg, attempt, rand::random::<f64>());
@@ -344,9 +383,9 @@ impl AsyncMode {
 
     /// Acknowledges a delivered entry, retrying briefly (an unacknowledged one would be
     /// taken over and found completed: harmless, but slower).
-    async fn finish(&self, route: &str, id: &str) {
+    async fn finish(&self, route: &str, id: &str, order: Option<&str>) {
         for _ in 0..3 {
-            match self.backend.done(route, id).await {
+            match self.backend.done(route, id, order).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(route, id, error = %e, "acknowledging a queue entry failed");
@@ -379,7 +418,7 @@ impl AsyncMode {
             Err(e) => {
                 // Left pending: retried after a takeover.
                 tracing::warn!(route, key = %key.key, error = %e, "moving an entry to the dead-letter stream failed");
-                let _ = self.backend.unlock(key, token).await;
+                let _ = self.backend.unlock(key, token, false).await;
                 return;
             }
         }

@@ -11,6 +11,7 @@
 //! `idemgate::audit`) with the token's name and what was done.
 
 mod api;
+mod control;
 mod pages;
 
 use std::collections::HashMap;
@@ -39,6 +40,8 @@ pub struct Operator<'a, S> {
     /// How long a replay's claim holds without renewal.
     pub lease: Duration,
     pub queue: Option<&'a AsyncMode>,
+    /// Operators' bulk jobs (none without a queue backend).
+    pub jobs: Option<&'a std::sync::Arc<crate::deliveries::jobs::JobRunner<S>>>,
 }
 
 /// The session cookie's name.
@@ -294,7 +297,8 @@ where
     let query = parts.uri.query();
 
     // The JSON API: bearer tokens only.
-    if segs.get(1) == Some(&"deliveries") || segs.get(1) == Some(&"dead-letters") {
+    let api = ["deliveries", "dead-letters", "routes", "jobs"];
+    if segs.get(1).is_some_and(|s| api.contains(s)) {
         let Some(caller) = console.bearer(&parts.headers) else {
             let presented = parts.headers.contains_key(header::AUTHORIZATION);
             tracing::warn!(target: "idemgate::audit", path = parts.uri.path(), presented, "admin API request refused: no valid token");
@@ -307,6 +311,18 @@ where
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
         };
+        if matches!(segs.get(1), Some(&"routes") | Some(&"jobs")) {
+            let Ok(body) = Limited::new(body, control::MAX_BODY).collect().await else {
+                return json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    "the request body is larger than 64 KiB",
+                );
+            };
+            let body = body.to_bytes();
+            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], body)
+                .await;
+        }
         return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }
 
