@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod load;
 pub mod monitor;
 pub mod preset_stack;
+pub mod probe_app;
 pub mod signer;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
