@@ -17,9 +17,12 @@ use crate::upstream::UpstreamResponse;
 
 /// How often a paused route's waiting entries look again.
 const PAUSED_POLL: Duration = Duration::from_millis(500);
-/// How often an entry waiting for a concurrency slot or its order looks again (with
-/// jitter, so waiters spread out).
+/// How often an entry waiting for a concurrency slot looks again (with jitter, so
+/// waiters spread out; at most `max_concurrency` of a sidecar's entries wait so).
 const BUSY_POLL: Duration = Duration::from_millis(20);
+/// How often an entry waiting for an older one of its order value looks again (every
+/// entry in hand may wait so: a longer poll keeps their load on the store small).
+const ORDER_POLL: Duration = Duration::from_millis(50);
 /// The slot of a sidecar that died mid-delivery lapses this long after the upstream
 /// timeout.
 const SLOT_SLACK: Duration = Duration::from_secs(5);
@@ -112,9 +115,8 @@ impl AsyncMode {
                 }
                 Ok(Admit::Paused) => PAUSED_POLL,
                 Ok(Admit::Held(d)) | Ok(Admit::Wait(d)) => d,
-                Ok(Admit::Ordered) | Ok(Admit::Busy) => {
-                    BUSY_POLL.mul_f64(1.0 + rand::random::<f64>())
-                }
+                Ok(Admit::Busy) => BUSY_POLL.mul_f64(1.0 + rand::random::<f64>()),
+                Ok(Admit::Ordered) => ORDER_POLL.mul_f64(1.0 + rand::random::<f64>()),
                 Err(e) => {
                     tracing::warn!(route, error = %e, "queue: asking the route's pacing failed");
                     Duration::from_secs(1)

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, Method};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{AsyncMode, AsyncRouteState, Lock, QueueEntry, backoff_delay};
 use crate::store::lease::{self, LeaseEvent};
@@ -79,18 +79,32 @@ impl AsyncMode {
             .spawn(self.clone().keep_alive(state.clone(), in_hand.clone()));
         let room = Arc::new(Semaphore::new(IN_HAND));
         let mut last_takeover: Option<Instant> = None;
+        let every = self.claim_idle / 2;
         loop {
+            // Entries of a dead consumer are taken over even when this worker has no
+            // room: they may be the oldest of their order values, which the entries in
+            // hand wait for (docs/async.md, ordering).
+            let due = last_takeover.map_or(Duration::ZERO, |t| every.saturating_sub(t.elapsed()));
+            let full = room.available_permits() == 0;
             let first = tokio::select! {
+                biased;
                 _ = self.stop.cancelled() => return,
-                p = room.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                p = room.clone().acquire_owned() => match p { Ok(p) => Some(p), Err(_) => return },
+                _ = tokio::time::sleep(due), if full => None,
             };
-            let mut permits = vec![first];
-            while let Ok(p) = room.clone().try_acquire_owned() {
-                permits.push(p);
-            }
+            let mut permits: Vec<Option<OwnedSemaphorePermit>> = match first {
+                Some(p) => {
+                    let mut v = vec![Some(p)];
+                    while let Ok(p) = room.clone().try_acquire_owned() {
+                        v.push(Some(p));
+                    }
+                    v
+                }
+                None => (0..IN_HAND).map(|_| None).collect(),
+            };
             let mut read = Vec::new();
             let mut failed = None;
-            if last_takeover.is_none_or(|t| t.elapsed() >= self.claim_idle / 2) {
+            if last_takeover.is_none_or(|t| t.elapsed() >= every) {
                 match self
                     .backend
                     .take_over(route, &self.consumer, self.claim_idle, permits.len())
@@ -110,7 +124,7 @@ impl AsyncMode {
                     Err(e) => failed = Some(e),
                 }
             }
-            if read.is_empty() && failed.is_none() {
+            if read.is_empty() && failed.is_none() && permits[0].is_some() {
                 match self
                     .backend
                     .read_new(route, &self.consumer, permits.len())

@@ -235,7 +235,7 @@ async fn ordered_keys_arrive_one_at_a_time_in_order_across_sidecars() {
         *s ^= *s << 13;
         *s ^= *s >> 7;
         *s ^= *s << 17;
-        let fail = *s % 4 == 0;
+        let fail = s.is_multiple_of(4);
         Reply {
             status: if fail { 500 } else { 200 },
             headers: vec![],
@@ -298,5 +298,76 @@ async fn ordered_keys_arrive_one_at_a_time_in_order_across_sidecars() {
         for w in cs.windows(2) {
             assert!(w[1].arrived >= w[0].ended, "{obj}: two requests at once");
         }
+    }
+}
+
+/// A sidecar dies holding the oldest delivery of two order values; the next sidecar's
+/// hands fill with their later deliveries, which wait for those: it still takes the
+/// dead sidecar's entries over (it does not wait for room), and everything arrives in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_sidecars_oldest_entries_are_taken_over_with_full_hands() {
+    let redis = RedisServer::start_new();
+    let app = ProbeApp::start(|_| Reply::ok(Duration::from_millis(1))).await;
+    let route = async_route(ROUTE, PATH, "order_key = \"json:/data/object/id\"\n");
+    let builder = || {
+        SidecarBuilder::new(&app.url(), &redis.url())
+            .route(route.clone())
+            .extra("[async]\nclaim_idle = \"3s\"")
+    };
+    let body = |obj: usize, seq: usize| {
+        format!(r#"{{"seq":{seq},"data":{{"object":{{"id":"obj-{obj}"}}}}}}"#)
+    };
+    // The first sidecar takes the two oldest entries while the route is paused, and dies.
+    let mut first = builder().start().await;
+    redis.cli(&[
+        "HSET",
+        &format!("idemgate-test:pace:{{{ROUTE}}}"),
+        "paused",
+        "1",
+    ]);
+    for obj in 0..2 {
+        let a = first
+            .send(&Delivery::new(&unique_id("head"), body(obj, 0)))
+            .await;
+        assert_eq!(a.status, 200);
+    }
+    let pending = || {
+        redis
+            .cli(&[
+                "XPENDING",
+                &format!("idemgate-test:queue:{{{ROUTE}}}"),
+                "idemgate",
+            ])
+            .lines()
+            .next()
+            .unwrap_or("0")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    wait_until(10 * SEC, "the heads read", || pending() == 2).await;
+    first.kill9();
+    let second = builder().start().await;
+    for seq in 1..=20 {
+        for obj in 0..2 {
+            let a = second
+                .send(&Delivery::new(&unique_id("next"), body(obj, seq)))
+                .await;
+            assert_eq!(a.status, 200);
+        }
+    }
+    redis.cli(&["HDEL", &format!("idemgate-test:pace:{{{ROUTE}}}"), "paused"]);
+    app.wait_for_ok(42, 30 * SEC).await;
+    let mut calls = app.calls();
+    calls.sort_by_key(|c| c.arrived);
+    for obj in 0..2 {
+        let seqs: Vec<u64> = calls
+            .iter()
+            .map(|c| serde_json::from_slice::<serde_json::Value>(&c.body).unwrap())
+            .filter(|v| v["data"]["object"]["id"] == format!("obj-{obj}"))
+            .map(|v| v["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (0..=20).collect::<Vec<u64>>(), "obj-{obj}");
     }
 }
