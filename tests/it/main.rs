@@ -14,6 +14,7 @@ mod e2e_cli_deliveries;
 mod e2e_cluster;
 mod e2e_concurrency;
 mod e2e_console;
+mod e2e_console_ops;
 mod e2e_faults;
 mod e2e_harness;
 mod e2e_hostile;
