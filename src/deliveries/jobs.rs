@@ -26,8 +26,9 @@ use crate::store::{DeliveryKey, Status, Store, StoreError, unix_millis};
 /// How often a runner beats; a job whose beat is `STALE` old is taken over.
 const BEAT: Duration = Duration::from_secs(2);
 pub const STALE: Duration = Duration::from_secs(10);
-/// How often each sidecar looks for jobs to take over.
+/// How often each sidecar looks for jobs to take over, among the newest `SWEPT`.
 const SWEEP: Duration = Duration::from_secs(3);
+const SWEPT: usize = 1000;
 /// The most items one job takes on.
 pub const MAX_ITEMS: usize = 100_000;
 /// Page size when the work list is read from the log or the dead letters.
@@ -261,7 +262,11 @@ pub struct JobRunner<S> {
     queue: Option<Arc<AsyncMode>>,
     routes: Vec<String>,
     async_routes: Vec<String>,
+    /// This process's runner name: its consumer name and a nonce, so a restarted
+    /// process (same pod name) never mistakes an old run's job for its own.
     me: String,
+    /// The jobs this process runs now (never two runners of one job here).
+    running: std::sync::Mutex<std::collections::HashSet<String>>,
     stop: CancellationToken,
     tasks: TaskTracker,
 }
@@ -283,7 +288,12 @@ impl<S: Store> JobRunner<S> {
             queue,
             routes,
             async_routes,
-            me: crate::queue::consumer_name(),
+            me: format!(
+                "{}:{}",
+                crate::queue::consumer_name(),
+                &crate::store::Token::random().to_hex()[..8]
+            ),
+            running: Default::default(),
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
         })
@@ -327,8 +337,22 @@ impl<S: Store> JobRunner<S> {
     }
 
     fn spawn(self: &Arc<Self>, job: JobRecord) {
+        if !self
+            .running
+            .lock()
+            .map(|mut r| r.insert(job.id.clone()))
+            .unwrap_or(false)
+        {
+            return;
+        }
         let this = self.clone();
-        self.tasks.spawn(async move { this.run(job).await });
+        self.tasks.spawn(async move {
+            let id = job.id.clone();
+            this.clone().run(job).await;
+            if let Ok(mut r) = this.running.lock() {
+                r.remove(&id);
+            }
+        });
     }
 
     /// Looks for jobs whose sidecar died, every few seconds, and finishes them.
@@ -340,7 +364,7 @@ impl<S: Store> JobRunner<S> {
                     _ = this.stop.cancelled() => return,
                     _ = tokio::time::sleep(SWEEP) => {}
                 }
-                let Ok(jobs) = this.backend.job_list(100).await else {
+                let Ok(jobs) = this.backend.job_list(SWEPT).await else {
                     continue;
                 };
                 let now = unix_millis();
@@ -421,23 +445,26 @@ impl<S: Store> JobRunner<S> {
                 _ => Some(self.item(job, item).await),
             };
             match settled {
-                Some(r) => r?,
-                None => return Ok(false),
+                Some(Ok(true)) => {}
+                Some(Ok(false)) | None => return Ok(false),
+                Some(Err(e)) => return Err(e),
             }
         }
         Ok(true)
     }
 
     /// Takes one item's mark and, when nobody took it before, acts on it and records
-    /// the outcome.
-    async fn item(&self, job: &JobRecord, item: &str) -> Result<(), StoreError> {
-        match self.backend.job_mark(&job.id, item).await? {
+    /// the outcome; `Ok(false)` when this sidecar no longer runs the job.
+    async fn item(&self, job: &JobRecord, item: &str) -> Result<bool, StoreError> {
+        match self.backend.job_mark(&job.id, &self.me, item).await? {
             Mark::Fresh => {}
             Mark::Seen(m) if m == "started" => {
                 let why = "interrupted: its sidecar stopped mid-item, so it is not acted on again";
-                return self.backend.job_settle(&job.id, item, false, why).await;
+                self.backend.job_settle(&job.id, item, false, why).await?;
+                return Ok(true);
             }
-            Mark::Seen(_) => return Ok(()),
+            Mark::Seen(_) => return Ok(true),
+            Mark::Lost => return Ok(false),
         }
         let outcome = match job.kind.as_str() {
             "redrive" => self.redrive(&job.route, item).await,
@@ -447,7 +474,8 @@ impl<S: Store> JobRunner<S> {
             Ok(()) => (true, String::new()),
             Err(e) => (false, e),
         };
-        self.backend.job_settle(&job.id, item, ok, &error).await
+        self.backend.job_settle(&job.id, item, ok, &error).await?;
+        Ok(true)
     }
 
     async fn redrive(&self, route: &str, id: &str) -> Result<(), String> {

@@ -146,7 +146,11 @@ impl AsyncMode {
                     cfg: cfg.clone(),
                     metrics: metrics.queue(&rc.name),
                     order,
-                    pace: pace::Pace::new(cfg.throttle.max_concurrency, config.upstream_timeout),
+                    pace: pace::Pace::new(
+                        cfg.throttle.max_concurrency,
+                        config.upstream_timeout,
+                        config.store.timeout,
+                    ),
                 }),
             );
         }

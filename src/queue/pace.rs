@@ -23,8 +23,9 @@ const BUSY_POLL: Duration = Duration::from_millis(20);
 /// How often an entry waiting for an older one of its order value looks again (every
 /// entry in hand may wait so: a longer poll keeps their load on the store small).
 const ORDER_POLL: Duration = Duration::from_millis(50);
-/// The slot of a sidecar that died mid-delivery lapses this long after the upstream
-/// timeout.
+/// A slot lapses this long after the upstream timeout plus two store timeouts (the
+/// key's lock, and a renewal that stalls the call's timeout), so it outlives every
+/// call its holder makes; a dead sidecar's slot frees then.
 const SLOT_SLACK: Duration = Duration::from_secs(5);
 
 /// A started attempt's hold on the route: its concurrency slot, and the sidecar-local
@@ -42,10 +43,14 @@ pub(super) struct Pace {
 }
 
 impl Pace {
-    pub(super) fn new(max_concurrency: Option<u32>, upstream_timeout: Duration) -> Pace {
+    pub(super) fn new(
+        max_concurrency: Option<u32>,
+        upstream_timeout: Duration,
+        store_timeout: Duration,
+    ) -> Pace {
         Pace {
             local: max_concurrency.map(|n| Arc::new(Semaphore::new(n as usize))),
-            slot_ttl: upstream_timeout + SLOT_SLACK,
+            slot_ttl: upstream_timeout + store_timeout * 2 + SLOT_SLACK,
         }
     }
 }
@@ -76,7 +81,8 @@ pub fn retry_after(resp: &UpstreamResponse, now: SystemTime, cap: Duration) -> O
 }
 
 impl AsyncMode {
-    /// Waits until the route lets this attempt start; `None` when shutting down.
+    /// Waits until the route lets this attempt start; `None` when shutting down, or
+    /// when the ordered entry is gone from the queue (nothing left to deliver).
     /// `order`: the entry's order value and queue ID, on an ordered route.
     pub(super) async fn admitted(
         &self,
@@ -112,6 +118,13 @@ impl AsyncMode {
                         slot,
                         _local: local,
                     });
+                }
+                Ok(Admit::Gone) => {
+                    tracing::info!(
+                        route,
+                        "queue: an ordered entry in hand was finished by another worker; dropped"
+                    );
+                    return None;
                 }
                 Ok(Admit::Paused) => PAUSED_POLL,
                 Ok(Admit::Held(d)) | Ok(Admit::Wait(d)) => d,

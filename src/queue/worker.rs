@@ -286,7 +286,13 @@ impl AsyncMode {
             let started = Instant::now();
             let result = self.forward(&held).await;
             let took = started.elapsed();
-            self.leave(state, admitted).await;
+            if matches!(result, Err(upstream::UpstreamError::Timeout)) {
+                // The application may still be working on it: the slot stays taken
+                // until it lapses (`pace.rs`), so the bound holds for what it runs.
+                drop(admitted);
+            } else {
+                self.leave(state, admitted).await;
+            }
             state.metrics.delivery_duration.observe(took.as_secs_f64());
             match result {
                 Ok(resp) if state.route.success.completes(resp.status, &resp.body) => {
@@ -322,18 +328,20 @@ impl AsyncMode {
                         cfg.throttle.retry_after_cap,
                     ) =>
                 {
-                    // The application asks the route to slow down: hold it (every
-                    // sidecar), and give the attempt back.
+                    // The application asks the route to slow down: give the attempt
+                    // back and hold the route (every sidecar). At least `backoff`: a
+                    // `Retry-After: 0` must not turn into a loop of uncounted attempts.
+                    let hold = hold.max(cfg.backoff);
                     state.metrics.attempts_held.inc();
                     tracing::info!(route, key = %key.key, status = resp.status.as_u16(), hold_ms = hold.as_millis() as u64, "the application asked to wait (Retry-After); the route is held and the attempt not counted");
+                    if let Err(e) = self.backend.unlock(&key, token, true).await {
+                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
+                    }
                     if let Err(e) = self.backend.hold(route, hold).await {
                         tracing::warn!(route, error = %e, "holding the route failed; this entry waits alone");
                         if !self.pause(hold).await {
                             return;
                         }
-                    }
-                    if let Err(e) = self.backend.unlock(&key, token, true).await {
-                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
                     }
                 }
                 other => {

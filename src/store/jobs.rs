@@ -68,6 +68,8 @@ pub enum Mark {
     /// An earlier run marked it: `started` (its outcome was never recorded: it may
     /// have been acted on) or its recorded outcome.
     Seen(String),
+    /// The asker no longer runs the job (another sidecar took it over): stop.
+    Lost,
 }
 
 /// How long a job's keys are kept after its last change.
@@ -102,8 +104,9 @@ pub trait Jobs: Send + Sync + 'static {
         state: Option<JobState>,
         error: &'a str,
     ) -> StoreFuture<'a, bool>;
-    /// Takes the mark of `item` before acting on it (see `Mark`).
-    fn job_mark<'a>(&'a self, id: &'a str, item: &'a str) -> StoreFuture<'a, Mark>;
+    /// Takes the mark of `item` before acting on it (see `Mark`); only the job's
+    /// runner `owner` may.
+    fn job_mark<'a>(&'a self, id: &'a str, owner: &'a str, item: &'a str) -> StoreFuture<'a, Mark>;
     /// Records an item's outcome and counts it (`done` when `ok`, else `failed`, with
     /// `error` as the job's last error); once per item.
     fn job_settle<'a>(

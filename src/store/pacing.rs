@@ -15,7 +15,7 @@ pub struct Ask<'a> {
     /// Names this attempt's concurrency slot (unique per attempt).
     pub slot: &'a str,
     /// `Some((order value, queue entry ID))`: start only when the entry is the oldest
-    /// unfinished one of its order value.
+    /// unfinished one of its order value (and still in the queue).
     pub order: Option<(&'a str, &'a str)>,
     /// 0: no bound.
     pub max_concurrency: u32,
@@ -37,6 +37,8 @@ pub enum Admit {
     Held(Duration),
     /// An older delivery of the same order value is not finished.
     Ordered,
+    /// The ordered entry is no longer in the queue (another worker finished it).
+    Gone,
     /// Every concurrency slot is taken.
     Busy,
     /// The token bucket is empty for this long.

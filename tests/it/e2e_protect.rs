@@ -371,3 +371,66 @@ async fn a_dead_sidecars_oldest_entries_are_taken_over_with_full_hands() {
         assert_eq!(seqs, (0..=20).collect::<Vec<u64>>(), "obj-{obj}");
     }
 }
+
+/// A call that timed out may still run in the application: its concurrency slot stays
+/// taken (until it lapses), so `max_concurrency = 1` still means one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_call_keeps_its_slot() {
+    let redis = RedisServer::start_new();
+    let first = Arc::new(Mutex::new(true));
+    let app = ProbeApp::start(move |_| {
+        let slow = std::mem::replace(&mut *first.lock().unwrap(), false);
+        Reply::ok(if slow {
+            3 * SEC
+        } else {
+            Duration::from_millis(1)
+        })
+    })
+    .await;
+    let route = async_route(ROUTE, PATH, "max_concurrency = 1\nbackoff = \"100ms\"\n");
+    let sc = SidecarBuilder::new(&app.url(), &redis.url())
+        .route(route)
+        .top("upstream_timeout", "1s")
+        .start()
+        .await;
+    for _ in 0..2 {
+        assert_eq!(sc.send(&Delivery::fresh()).await.status, 200);
+    }
+    app.wait_for_ok(2, 30 * SEC).await;
+    assert_eq!(
+        app.most_at_once(),
+        1,
+        "a request started beside a timed-out one"
+    );
+}
+
+/// `Retry-After: 0` (or a date in the past) holds the route for at least `backoff`:
+/// the uncounted attempts do not become a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_zero_is_not_a_loop() {
+    let redis = RedisServer::start_new();
+    let start: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let s = start.clone();
+    let app = ProbeApp::start(move |_| {
+        let t = *s.lock().unwrap().get_or_insert_with(Instant::now);
+        if t.elapsed() < 2 * SEC {
+            Reply {
+                status: 503,
+                headers: vec![("retry-after".into(), "0".into())],
+                delay: Duration::ZERO,
+            }
+        } else {
+            Reply::ok(Duration::ZERO)
+        }
+    })
+    .await;
+    let route = async_route(ROUTE, PATH, "backoff = \"500ms\"\nmax_attempts = 1\n");
+    let sc = sidecars(1, &app, &redis, &[route]).await;
+    for _ in 0..3 {
+        assert_eq!(sc[0].send(&Delivery::fresh()).await.status, 200);
+    }
+    app.wait_for_ok(3, 20 * SEC).await;
+    let held = app.calls().iter().filter(|c| c.status == 503).count();
+    // 3 entries, a hold of 500 ms at least, 2 s of 503s: at most 3 × (2 s / 500 ms + 1).
+    assert!(held <= 15, "{held} uncounted attempts in 2 s");
+}

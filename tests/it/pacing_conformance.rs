@@ -175,8 +175,13 @@ async fn order_values_go_one_at_a_time_in_queue_order<Q: QueueBackend>(q: Q) {
         q.admit(ROUTE, ordered("A", &ids[0])).await.unwrap(),
         Admit::Go
     );
-    // a1 delivered: a2 is next, a3 still waits.
+    // a1 delivered: a2 is next, a3 still waits; a1 itself is gone (another worker's
+    // copy of it must not start again).
     q.done(ROUTE, &ids[0], Some("A")).await.unwrap();
+    assert_eq!(
+        q.admit(ROUTE, ordered("A", &ids[0])).await.unwrap(),
+        Admit::Gone
+    );
     assert_eq!(
         q.admit(ROUTE, ordered("A", &ids[3])).await.unwrap(),
         Admit::Ordered
@@ -252,18 +257,18 @@ async fn jobs_are_marked_once_and_taken_over_when_stale<Q: QueueBackend>(q: Q) {
     );
     assert_eq!(q.job_get("nope").await.unwrap(), None);
 
-    assert_eq!(q.job_mark("j1", "k1").await.unwrap(), Mark::Fresh);
+    assert_eq!(q.job_mark("j1", "a", "k1").await.unwrap(), Mark::Fresh);
     assert_eq!(
-        q.job_mark("j1", "k1").await.unwrap(),
+        q.job_mark("j1", "a", "k1").await.unwrap(),
         Mark::Seen("started".into())
     );
     q.job_settle("j1", "k1", true, "").await.unwrap();
     q.job_settle("j1", "k1", false, "twice").await.unwrap();
     assert_eq!(
-        q.job_mark("j1", "k1").await.unwrap(),
+        q.job_mark("j1", "a", "k1").await.unwrap(),
         Mark::Seen("ok".into())
     );
-    assert_eq!(q.job_mark("j1", "k2").await.unwrap(), Mark::Fresh);
+    assert_eq!(q.job_mark("j1", "a", "k2").await.unwrap(), Mark::Fresh);
     q.job_settle("j1", "k2", false, "upstream answered 500")
         .await
         .unwrap();
@@ -273,6 +278,8 @@ async fn jobs_are_marked_once_and_taken_over_when_stale<Q: QueueBackend>(q: Q) {
         (1, 1, "upstream answered 500")
     );
 
+    // Only the runner marks.
+    assert_eq!(q.job_mark("j1", "b", "k3").await.unwrap(), Mark::Lost);
     // Live: not taken over; only the owner beats.
     let stale = Duration::from_millis(300);
     assert!(!q.job_take("j1", "b", stale, false).await.unwrap());
@@ -285,6 +292,8 @@ async fn jobs_are_marked_once_and_taken_over_when_stale<Q: QueueBackend>(q: Q) {
         "b beats now"
     );
     assert!(!q.job_beat("j1", "a", None, "").await.unwrap(), "a lost it");
+    assert_eq!(q.job_mark("j1", "a", "k3").await.unwrap(), Mark::Lost);
+    assert_eq!(q.job_mark("j1", "b", "k3").await.unwrap(), Mark::Fresh);
     assert!(
         q.job_beat("j1", "b", Some(JobState::Failed), "store down")
             .await

@@ -103,16 +103,21 @@ impl Jobs for MemoryQueue {
         Self::ready(Ok(ok.unwrap_or(false)))
     }
 
-    fn job_mark<'a>(&'a self, id: &'a str, item: &'a str) -> StoreFuture<'a, Mark> {
-        let mark = self.job(id, |j| match j.marks.get(item) {
-            Some(v) => Mark::Seen(v.clone()),
-            None => {
-                j.marks.insert(item.to_string(), "started".into());
-                Mark::Fresh
+    fn job_mark<'a>(&'a self, id: &'a str, owner: &'a str, item: &'a str) -> StoreFuture<'a, Mark> {
+        let mark = self.job(id, |j| {
+            if j.record.owner != owner || j.record.state != JobState::Running {
+                return Mark::Lost;
+            }
+            match j.marks.get(item) {
+                Some(v) => Mark::Seen(v.clone()),
+                None => {
+                    j.marks.insert(item.to_string(), "started".into());
+                    Mark::Fresh
+                }
             }
         });
         // A job that vanished has nothing to act on.
-        Self::ready(Ok(mark.unwrap_or(Mark::Seen("gone".into()))))
+        Self::ready(Ok(mark.unwrap_or(Mark::Lost)))
     }
 
     fn job_settle<'a>(

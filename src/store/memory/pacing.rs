@@ -32,6 +32,9 @@ impl Pacing for MemoryQueue {
             }
             if let Some((value, id)) = ask.order {
                 let me = parse(id);
+                if !me.is_some_and(|me| q.holds(me)) {
+                    return Admit::Gone;
+                }
                 // An ID whose entry is gone no longer holds the others.
                 while let Some(head) = q.orders.get(value).and_then(|l| l.front().copied()) {
                     if Some(head) == me {

@@ -14,9 +14,9 @@ use redis::Value;
 
 use super::queue::RedisQueue;
 use super::{Call, ScriptDef, bytes_of, int_of, ms};
+use crate::store::StoreError;
 use crate::store::jobs::{JOB_TTL, JobRecord, JobState, Jobs, Mark};
 use crate::store::queue::StoreFuture;
-use crate::store::{StoreError, unix_millis};
 
 struct JobScripts {
     take: ScriptDef,
@@ -200,7 +200,7 @@ impl Jobs for RedisQueue {
             let call = Call::new(&scripts().take, &[&k.meta, &k.work, &k.marks])
                 .arg(owner)
                 .arg(ms(stale))
-                .arg(unix_millis())
+                .arg("")
                 .arg(u8::from(restart))
                 .arg(ms(JOB_TTL));
             Ok(int_of(&self.script(call).await?) == Some(1))
@@ -218,7 +218,7 @@ impl Jobs for RedisQueue {
             let k = self.job_keys(id);
             let call = Call::new(&scripts().beat, &[&k.meta, &k.work, &k.marks])
                 .arg(owner)
-                .arg(unix_millis())
+                .arg("")
                 .arg(state.map(JobState::as_str).unwrap_or(""))
                 .arg(error)
                 .arg(ms(JOB_TTL));
@@ -226,10 +226,12 @@ impl Jobs for RedisQueue {
         })
     }
 
-    fn job_mark<'a>(&'a self, id: &'a str, item: &'a str) -> StoreFuture<'a, Mark> {
+    fn job_mark<'a>(&'a self, id: &'a str, owner: &'a str, item: &'a str) -> StoreFuture<'a, Mark> {
         Box::pin(async move {
             let k = self.job_keys(id);
-            let call = Call::new(&scripts().mark, &[&k.marks]).arg(item);
+            let call = Call::new(&scripts().mark, &[&k.meta, &k.marks])
+                .arg(owner)
+                .arg(item);
             let reply = self.script(call).await?;
             let parts = match &reply {
                 Value::Array(a) => a.as_slice(),
@@ -237,6 +239,7 @@ impl Jobs for RedisQueue {
             };
             match parts.first().and_then(int_of) {
                 Some(1) => Ok(Mark::Fresh),
+                Some(2) => Ok(Mark::Lost),
                 Some(0) => Ok(Mark::Seen(
                     parts
                         .get(1)

@@ -43,8 +43,8 @@ impl Pacing for RedisQueue {
                 .arg(ask.slot)
                 .arg(entry)
                 .arg(ask.max_concurrency)
-                .arg(format!("{:.6}", ask.rate))
-                .arg(format!("{:.6}", ask.burst))
+                .arg(ask.rate.to_string())
+                .arg(ask.burst.to_string())
                 .arg(ms(ask.slot_ttl));
             let reply = self.script(call).await?;
             let parts = match &reply {
@@ -58,6 +58,7 @@ impl Pacing for RedisQueue {
                 Some(b"paused") => Admit::Paused,
                 Some(b"held") => Admit::Held(wait),
                 Some(b"ordered") => Admit::Ordered,
+                Some(b"gone") => Admit::Gone,
                 Some(b"busy") => Admit::Busy,
                 Some(b"wait") => Admit::Wait(wait),
                 _ => {

@@ -504,23 +504,23 @@ impl QueueBackend for RedisQueue {
     fn redrive<'a>(&'a self, route: &'a str, dead_letter_id: &'a str) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let (queue, dlq) = (self.queue_key(route), self.dlq_key(route));
-            // The dead letter's order value names the list it joins again.
-            let mut read = redis::cmd("XRANGE");
-            read.arg(&dlq).arg(dead_letter_id).arg(dead_letter_id);
-            let found: Value = self.query(read).await?;
-            let order = items(&found)
-                .first()
-                .and_then(parse_entry)
-                .and_then(|(_, f)| {
-                    f.get("order")
-                        .map(|o| String::from_utf8_lossy(o).into_owned())
-                });
-            let order = self.order_list(route, order.as_deref());
             let call = Call::new(&self.scripts.redrive, &[&queue, &dlq])
-                .key(order.as_deref())
                 .arg(dead_letter_id)
                 .arg(unix_millis());
-            Ok(text(&self.script(call).await?).is_some())
+            let reply = self.script(call).await?;
+            let (Some(id), order) = (
+                items(&reply).first().and_then(text),
+                items(&reply).get(1).and_then(text),
+            ) else {
+                return Ok(false);
+            };
+            // An ordered entry joins the end of its value's order (see the script).
+            if let Some(order) = order.filter(|o| !o.is_empty()) {
+                let mut push = redis::cmd("RPUSH");
+                push.arg(self.order_key(route, &order)).arg(&id);
+                self.query::<Value>(push).await?;
+            }
+            Ok(true)
         })
     }
 }

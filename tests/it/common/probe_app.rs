@@ -148,16 +148,22 @@ async fn handle(
         .unwrap_or_default()
         .to_string();
     let reply = (st.answer)(&Seen { path: &path });
-    tokio::time::sleep(reply.delay).await;
-    st.now.fetch_sub(1, Ordering::SeqCst);
-    st.calls.lock().unwrap().push(Call {
-        path,
-        key,
-        body: body.clone(),
-        arrived,
-        ended: Instant::now(),
-        status: reply.status,
+    // The work goes on when the caller gives up (a timeout closes the connection and
+    // drops this handler), as in a real application: it still counts as running.
+    let (st2, status, delay) = (st.clone(), reply.status, reply.delay);
+    let work = tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        st2.now.fetch_sub(1, Ordering::SeqCst);
+        st2.calls.lock().unwrap().push(Call {
+            path,
+            key,
+            body,
+            arrived,
+            ended: Instant::now(),
+            status,
+        });
     });
+    let _ = work.await;
     let mut b = Response::builder().status(reply.status);
     for (k, v) in &reply.headers {
         b = b.header(k, v);

@@ -6,7 +6,7 @@
 -- ARGV[1] slot name, ARGV[2] queue entry ID ('' when unordered), ARGV[3] max
 -- concurrency (0: none), ARGV[4] rate per second (0: none), ARGV[5] burst,
 -- ARGV[6] slot TTL ms.
--- Returns {'go'|'paused'|'held'|'ordered'|'busy'|'wait', ms to wait}.
+-- Returns {'go'|'paused'|'held'|'gone'|'ordered'|'busy'|'wait', ms to wait}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local c = redis.call('HMGET', KEYS[1], 'paused', 'hold_until', 'tokens', 'tokens_at')
@@ -18,6 +18,11 @@ if hold > now then
   return {'held', hold - now}
 end
 if ARGV[2] ~= '' then
+  -- An entry no longer in the queue (another worker took it over and finished it)
+  -- must not start again, in or out of its order.
+  if #redis.call('XRANGE', KEYS[3], ARGV[2], ARGV[2]) == 0 then
+    return {'gone', 0}
+  end
   -- The oldest unfinished entry of the order value goes first. An ID whose entry is
   -- gone from the queue (finished by a crashed worker before it could be removed
   -- here) no longer holds the others.
@@ -52,6 +57,8 @@ if rate > 0 then
 end
 if max > 0 then
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[1])
-  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  -- The set lives as long as its longest slot (sidecars may have different TTLs).
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[2], last[2])
 end
 return {'go', 0}
