@@ -9,6 +9,7 @@
 #
 #   benches/load/throttle.sh                        # N=5000 RATE=200 MAX_CONCURRENCY=4
 #   RATE=1000 MAX_CONCURRENCY=16 N=20000 benches/load/throttle.sh
+#   RATE=none MAX_CONCURRENCY=none benches/load/throttle.sh   # no throttling: the baseline
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,7 +22,7 @@ SIDECARS=${SIDECARS:-3}
 T=${CARGO_TARGET_DIR:-target}
 
 cargo build --release --quiet --bin idemgate --example throttle_probe
-BIN=$T/release/idemgate
+BIN=${BIN:-$T/release/idemgate}
 
 . benches/load/lib.sh
 start_redis
@@ -43,9 +44,8 @@ path = "/webhooks/wh"
 provider = "standard"
 secrets = ["$SECRET"]
 mode = "async"
-max_concurrency = $MAX_CONCURRENCY
-rate = $RATE
-burst = $BURST
+$([ "$MAX_CONCURRENCY" = none ] || echo "max_concurrency = $MAX_CONCURRENCY")
+$([ "$RATE" = none ] || printf 'rate = %s\nburst = %s' "$RATE" "$BURST")
 [async]
 max_queue = 1000000
 CONF
