@@ -88,8 +88,9 @@ fn print_json(v: &Value) {
     );
 }
 
-/// Runs `f` on the configured Redis store and its queue.
-fn with_redis<F>(cmd: &str, config: Option<&Path>, f: F) -> ExitCode
+/// Runs `f` on the configured Redis store and its queue: the setup every operator
+/// command shares (`idemgate deliveries`, `routes`, `jobs`).
+pub(super) fn with_redis<F>(cmd: &str, config: Option<&Path>, f: F) -> ExitCode
 where
     F: AsyncFnOnce(&Config, &RedisStore, &RedisQueue) -> ExitCode,
 {
@@ -100,7 +101,7 @@ where
     let StoreUrl::Redis(url) = &config.store.url else {
         return fail(
             cmd,
-            "the store is the in-memory store: it lives in one sidecar (use that sidecar's admin API, or configure [store] url = \"redis://…\")",
+            "the store is the in-memory store: it lives inside one sidecar, with nothing shared to read or change from here (use that sidecar's admin API, or configure [store] url = \"redis://…\")",
         );
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -111,6 +112,7 @@ where
         Err(e) => return fail(cmd, e),
     };
     runtime.block_on(async {
+        // The connection is prepared inside the runtime (it spawns its driver there).
         let store = match RedisStore::new(
             url,
             &config.store.key_prefix,

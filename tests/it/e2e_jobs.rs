@@ -3,7 +3,6 @@
 //! by real sidecar processes — including a sidecar killed in the middle of a job.
 
 use std::collections::HashMap;
-use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -78,44 +77,6 @@ async fn call(sc: &Sidecar, method: &str, path: &str, body: Option<Value>) -> (u
     let status = r.status().as_u16();
     let text = r.text().await.unwrap_or_default();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-/// `idemgate <args> --config <the sidecar's config>`.
-struct Cli {
-    dir: tempfile::TempDir,
-}
-
-impl Cli {
-    fn new(sc: &Sidecar) -> Cli {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("idemgate.toml"), &sc.config).unwrap();
-        Cli { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_idemgate"))
-            .args(args)
-            .arg("--config")
-            .arg(self.dir.path().join("idemgate.toml"))
-            .env_remove("IDEMGATE_STORE_URL")
-            .env("OPS_TOKEN", OPS_TOKEN)
-            .env("USER", "tester")
-            .output()
-            .expect("run idemgate")
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.push("--json");
-        let out = self.run(&a);
-        assert!(
-            out.status.success(),
-            "idemgate {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON output")
-    }
 }
 
 /// Polls `show` until the job reaches `state`; returns the job.
@@ -333,6 +294,33 @@ async fn completed(sc: &Sidecar, app: &App, n: usize) -> Vec<Delivery> {
     ds
 }
 
+/// Completes `n` deliveries through `sc`, starts a replay job of them all there (each
+/// replay taking 150 ms at the application) and waits until `replayed` of them reached
+/// it; the deliveries and the job as started.
+async fn replay_all_and_wait(
+    sc: &Sidecar,
+    app: &App,
+    n: usize,
+    replayed: usize,
+) -> (Vec<Delivery>, Value) {
+    let ds = completed(sc, app, n).await;
+    app.delay.store(150, Ordering::SeqCst);
+    let (s, started) = call(
+        sc,
+        "POST",
+        "/admin/jobs",
+        Some(json!({"kind": "replay", "route": ROUTE})),
+    )
+    .await;
+    assert_eq!((s, &started["total"]), (202, &json!(n)), "{started}");
+    let end = Instant::now() + 20 * SEC;
+    while app.probe.calls().len() < n + replayed {
+        assert!(Instant::now() < end, "the job never got going");
+        tokio::time::sleep(SEC / 20).await;
+    }
+    (ds, started)
+}
+
 /// Checks that no delivery was forwarded more than twice (once, then at most one
 /// replay), and that the replays forwarded match the job's count.
 fn assert_no_double_replay(app: &App, ds: &[Delivery], job: &Value) {
@@ -368,22 +356,8 @@ async fn a_job_whose_sidecar_dies_is_finished_by_another_without_replaying_twice
     let app = app().await;
     let mut a = builder_with_queue(&app, &redis).start().await;
     let b = builder_with_queue(&app, &redis).start().await;
-    let ds = completed(&a, &app, 30).await;
-    app.delay.store(150, Ordering::SeqCst);
-    let (s, started) = call(
-        &a,
-        "POST",
-        "/admin/jobs",
-        Some(json!({"kind": "replay", "route": ROUTE})),
-    )
-    .await;
-    assert_eq!((s, &started["total"]), (202, &json!(30)), "{started}");
+    let (ds, started) = replay_all_and_wait(&a, &app, 30, 8).await;
     let id = started["id"].as_str().unwrap().to_string();
-    let end = Instant::now() + 20 * SEC;
-    while app.probe.calls().len() < 38 {
-        assert!(Instant::now() < end);
-        tokio::time::sleep(SEC / 20).await;
-    }
     a.kill9();
     let job = wait_job(
         "taken over",
@@ -407,22 +381,8 @@ async fn an_interrupted_job_finishes_when_started_again() {
     let app = app().await;
     let mut a = builder_with_queue(&app, &redis).start().await;
     let cli = Cli::new(&a);
-    let ds = completed(&a, &app, 20).await;
-    app.delay.store(150, Ordering::SeqCst);
-    let (s, started) = call(
-        &a,
-        "POST",
-        "/admin/jobs",
-        Some(json!({"kind": "replay", "route": ROUTE})),
-    )
-    .await;
-    assert_eq!(s, 202, "{started}");
+    let (ds, started) = replay_all_and_wait(&a, &app, 20, 5).await;
     let id = started["id"].as_str().unwrap().to_string();
-    let end = Instant::now() + 20 * SEC;
-    while app.probe.calls().len() < 25 {
-        assert!(Instant::now() < end);
-        tokio::time::sleep(SEC / 20).await;
-    }
     a.kill9();
     wait_job(
         "stale",

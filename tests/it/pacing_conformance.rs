@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use crate::common::RedisServer;
-use bytes::Bytes;
 use idemgate::queue::{QueueBackend, QueueEntry};
 use idemgate::store::jobs::{JobRecord, JobState, Mark};
 use idemgate::store::pacing::{Admit, Ask, Pacing};
@@ -55,13 +54,8 @@ fn ordered<'a>(order: &'a str, id: &'a str) -> Ask<'a> {
 
 fn entry(key: &str, order: Option<&str>) -> QueueEntry {
     QueueEntry {
-        key: key.into(),
-        method: "POST".into(),
-        path: "/wh".into(),
-        headers: Bytes::new(),
-        body: Bytes::from_static(b"{}"),
-        received_at: unix_millis(),
         order: order.map(str::to_string),
+        ..crate::queue_conformance::entry(key, unix_millis())
     }
 }
 

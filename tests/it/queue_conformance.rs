@@ -31,7 +31,8 @@ const SHORT_LEASE: Lifetimes = Lifetimes {
     retention: DAY,
 };
 
-fn entry(key: &str, received_at: u64) -> QueueEntry {
+/// An unordered entry of `key` (the pacing suite orders its own).
+pub(crate) fn entry(key: &str, received_at: u64) -> QueueEntry {
     QueueEntry {
         key: key.into(),
         method: "POST".into(),

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 
 /// One request the application handled.
 #[derive(Clone, Debug)]
@@ -74,20 +73,7 @@ impl ProbeApp {
             most: AtomicUsize::new(0),
         });
         let st = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
+        let task = super::serve_each(listener, move |req| handle(st.clone(), req));
         ProbeApp { addr, state, task }
     }
 
