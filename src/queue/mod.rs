@@ -133,12 +133,7 @@ impl AsyncMode {
                 continue;
             };
             let route = built.route(config, i)?;
-            let order = cfg
-                .order_key
-                .as_deref()
-                .map(KeySource::parse)
-                .transpose()
-                .map_err(|m| crate::config::ConfigError::new(format!("route[{i}].order_key"), m))?;
+            let order = built.order_key(&rc.name).cloned();
             routes.insert(
                 rc.name.clone(),
                 Arc::new(AsyncRouteState {
