@@ -8,6 +8,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 
 use crate::config::{Config, ConfigError};
+use crate::deliveries::jobs::JobRunner;
 use crate::gate::Gate;
 use crate::metrics::Metrics;
 use crate::providers::Routes;
@@ -21,6 +22,8 @@ pub struct App<S> {
     pub console: Console,
     /// The async queue, when a queue backend is given and some route is async.
     pub queue: Option<Arc<AsyncMode>>,
+    /// Operators' bulk jobs, when a queue backend (which keeps them) is given.
+    pub jobs: Option<Arc<JobRunner<S>>>,
 }
 
 impl<S: Store> App<S> {
@@ -32,8 +35,9 @@ impl<S: Store> App<S> {
         queue: Option<Arc<dyn QueueBackend>>,
     ) -> Result<Self, ConfigError> {
         let metrics = Arc::new(Metrics::new());
-        let queue = match queue {
-            Some(backend) => AsyncMode::new(config, routes, backend, &metrics)?.map(Arc::new),
+        let backend = queue;
+        let queue = match &backend {
+            Some(b) => AsyncMode::new(config, routes, b.clone(), &metrics)?.map(Arc::new),
             None => None,
         };
         let gate = Arc::new(Gate::new(
@@ -43,10 +47,15 @@ impl<S: Store> App<S> {
             metrics.clone(),
             queue.clone(),
         )?);
+        let jobs = backend.map(|b| {
+            let names = config.routes.iter().map(|r| r.name.clone()).collect();
+            JobRunner::new(gate.clone(), b, queue.clone(), names)
+        });
         Ok(App {
             gate,
             console: Console::new(config, metrics),
             queue,
+            jobs,
         })
     }
 
@@ -57,6 +66,7 @@ impl<S: Store> App<S> {
             upstream: self.gate.upstream(),
             lease: self.gate.lease(),
             queue: self.queue.as_deref(),
+            jobs: self.jobs.as_ref(),
         }
     }
 

@@ -33,6 +33,10 @@ enum Command {
     Inject(idemgate::InjectArgs),
     /// Operator tools on the delivery log (Redis): list, show, forget, replay.
     Deliveries(idemgate::DeliveriesArgs),
+    /// Async routes as a whole (Redis): list, pause, resume.
+    Routes(idemgate::RoutesArgs),
+    /// Operators' bulk jobs (Redis): start a redrive or replay, show, list.
+    Jobs(idemgate::JobsArgs),
 }
 
 /// Sets up logging to stderr. Lines are formatted on the caller's thread and written in
@@ -102,6 +106,14 @@ fn main() -> ExitCode {
             // Admin actions are logged (target idemgate::audit) to stderr.
             let _log_guard = init_logging("warn,idemgate::audit=info").ok();
             idemgate::deliveries_main(cli.config.as_deref(), args)
+        }
+        Command::Routes(args) => {
+            let _log_guard = init_logging("warn,idemgate::audit=info").ok();
+            idemgate::routes_main(cli.config.as_deref(), args)
+        }
+        Command::Jobs(args) => {
+            let _log_guard = init_logging("warn,idemgate::audit=info").ok();
+            idemgate::jobs_main(cli.config.as_deref(), args)
         }
         Command::CheckConfig => match idemgate::providers::load(cli.config.as_deref()) {
             Ok((config, _routes)) => {

@@ -211,6 +211,9 @@ impl<S: Store> Bound<S> {
         if let Some(queue) = &app.queue {
             queue.start();
         }
+        if let Some(jobs) = &app.jobs {
+            jobs.start_sweeper();
+        }
         let graceful = GracefulShutdown::new();
         let deliveries = TaskTracker::new();
         let admin_conns = TaskTracker::new();
@@ -310,6 +313,12 @@ impl<S: Store> Bound<S> {
         if let Some(queue) = &app.queue {
             queue
                 .wait(grace.saturating_sub(draining_since.elapsed()))
+                .await;
+        }
+        // A bulk job stopped here is left running; another sidecar (or a restart of
+        // the job) finishes it once its heartbeat is stale.
+        if let Some(jobs) = &app.jobs {
+            jobs.stop(grace.saturating_sub(draining_since.elapsed()))
                 .await;
         }
         // The delivery log's writes still queued off the claim path (log_writer.rs).

@@ -10,14 +10,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
-use hmac::{KeyInit, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+#[path = "sign.rs"]
+mod sign;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -28,9 +28,7 @@ fn main() {
     let url = args[1].clone();
     let rate: u64 = args[2].parse().expect("RATE");
     let seconds: u64 = args[3].parse().expect("SECONDS");
-    let key = B64
-        .decode(args[4].trim_start_matches("whsec_"))
-        .expect("whsec_ secret");
+    let key = sign::key(&args[4]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -59,10 +57,7 @@ async fn run(url: String, rate: u64, seconds: u64, key: Vec<u8>) {
     for n in 0..total {
         let scheduled = tick.tick().await;
         let id = format!("fr_{ts}_{n}");
-        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
-        mac.update(format!("{id}.{ts}.").as_bytes());
-        mac.update(&body);
-        let sig = format!("v1,{}", B64.encode(mac.finalize().into_bytes()));
+        let sig = sign::signature(&key, &id, ts, &body);
         let req = http::Request::post(&url)
             .header("content-type", "application/json")
             .header("webhook-id", id)

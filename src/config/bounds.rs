@@ -37,6 +37,7 @@ const RANGES: &[(&str, Duration, Duration)] = &[
     ("max_age", MS, Duration::from_secs(365 * 24 * 3600)),
     ("backoff", MS, DAY),
     ("max_backoff", MS, DAY),
+    ("retry_after_cap", Duration::from_secs(1), DAY),
 ];
 
 /// A lease shorter than this many store timeouts can lapse while its holder is alive:
@@ -139,6 +140,7 @@ mod tests {
             "max_age",
             "backoff",
             "max_backoff",
+            "retry_after_cap",
         ] {
             assert!(RANGES.iter().any(|(n, _, _)| *n == f), "{f}");
         }

@@ -100,14 +100,14 @@ pub struct AsyncConfig {
 
 /// Whether a route forwards while the provider waits (`sync`) or acknowledges at once
 /// and delivers from a durable queue (`async`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RouteMode {
     Sync,
     Async(AsyncRoute),
 }
 
 /// A `mode = "async"` route's acknowledgement and delivery policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AsyncRoute {
     pub ack_status: u16,
     pub ack_body: String,
@@ -115,6 +115,32 @@ pub struct AsyncRoute {
     pub max_age: Duration,
     pub backoff: Duration,
     pub max_backoff: Duration,
+    /// How the route's deliveries reach the application (docs/async.md, "Protecting
+    /// the application").
+    pub throttle: Throttle,
+    /// The key source whose value orders deliveries (`order_key`): one at a time per
+    /// value, in the order accepted. `None`: unordered.
+    pub order_key: Option<String>,
+}
+
+/// A route's delivery limits, shared by every sidecar on the same store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Throttle {
+    /// Deliveries to the application at once (`max_concurrency`); `None`: no bound.
+    pub max_concurrency: Option<u32>,
+    /// Deliveries started per second (`rate`); `None`: no bound.
+    pub rate: Option<f64>,
+    /// The token bucket's size (`burst`, default `max(1, rate)`).
+    pub burst: f64,
+    /// The longest hold an application's `Retry-After` may ask for (`retry_after_cap`).
+    pub retry_after_cap: Duration,
+}
+
+impl Throttle {
+    /// Whether any bound applies (otherwise the worker asks the store nothing).
+    pub fn limits(&self) -> bool {
+        self.max_concurrency.is_some() || self.rate.is_some()
+    }
 }
 
 /// One operator's token (`admin_token`): the name their actions are audited under, and its secret.

@@ -92,6 +92,11 @@ pub(super) struct RawRoute {
     pub(super) max_age: Option<String>,
     pub(super) backoff: Option<String>,
     pub(super) max_backoff: Option<String>,
+    pub(super) max_concurrency: Option<u32>,
+    pub(super) rate: Option<f64>,
+    pub(super) burst: Option<f64>,
+    pub(super) order_key: Option<String>,
+    pub(super) retry_after_cap: Option<String>,
     /// Keep the request in the delivery log for an operator's replay.
     pub(super) keep_payload: Option<bool>,
 }

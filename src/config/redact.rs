@@ -124,6 +124,18 @@ impl Config {
                 let _ = writeln!(out, "max_age = {}", q(&d(a.max_age)));
                 let _ = writeln!(out, "backoff = {}", q(&d(a.backoff)));
                 let _ = writeln!(out, "max_backoff = {}", q(&d(a.max_backoff)));
+                let t = &a.throttle;
+                if let Some(n) = t.max_concurrency {
+                    let _ = writeln!(out, "max_concurrency = {n}");
+                }
+                if let Some(r) = t.rate {
+                    let _ = writeln!(out, "rate = {r:?}");
+                    let _ = writeln!(out, "burst = {:?}", t.burst);
+                }
+                let _ = writeln!(out, "retry_after_cap = {}", q(&d(t.retry_after_cap)));
+                if let Some(k) = &a.order_key {
+                    let _ = writeln!(out, "order_key = {}", q(k));
+                }
             }
             if let Some(k) = r.keyless {
                 let v = if k == KeylessPolicy::Forward {

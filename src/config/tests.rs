@@ -322,3 +322,64 @@ fn sizes_and_durations() {
         Duration::from_secs(72 * 3600)
     );
 }
+
+#[test]
+fn async_routes_take_throttling_and_ordering() {
+    let a = format!("{ROUTE}mode = \"async\"\n");
+    let route = |extra: &str| {
+        let c = Config::from_toml_with_env(&format!("{a}{extra}"), env_none).unwrap();
+        let RouteMode::Async(r) = &c.routes[0].mode else {
+            panic!("async route expected")
+        };
+        (r.clone(), c.redacted_toml())
+    };
+    // Defaults: no bound, a cap of 1 h, unordered.
+    let (r, _) = route("");
+    assert_eq!(r.throttle.max_concurrency, None);
+    assert_eq!(r.throttle.rate, None);
+    assert!(!r.throttle.limits());
+    assert_eq!(r.throttle.retry_after_cap, Duration::from_secs(3600));
+    assert_eq!(r.order_key, None);
+    // burst defaults to max(1, rate).
+    let (r, shown) =
+        route("max_concurrency = 4\nrate = 200\norder_key = \"json:/data/object/id\"\n");
+    assert_eq!(r.throttle.max_concurrency, Some(4));
+    assert_eq!((r.throttle.rate, r.throttle.burst), (Some(200.0), 200.0));
+    assert_eq!(r.order_key.as_deref(), Some("json:/data/object/id"));
+    assert!(
+        shown.contains("max_concurrency = 4") && shown.contains("burst = 200.0"),
+        "{shown}"
+    );
+    assert!(toml::from_str::<toml::Value>(&shown).is_ok());
+    assert_eq!(route("rate = 0.5\n").0.throttle.burst, 1.0);
+    let (r, _) = route("rate = 2.5\nburst = 10\nretry_after_cap = \"10m\"\n");
+    assert_eq!(
+        (r.throttle.burst, r.throttle.retry_after_cap),
+        (10.0, Duration::from_secs(600))
+    );
+    // Each mistake names its field.
+    for (extra, field) in [
+        ("max_concurrency = 0\n", "route[0].max_concurrency"),
+        ("rate = 0\n", "route[0].rate"),
+        ("rate = -3\n", "route[0].rate"),
+        ("rate = 2000000\n", "route[0].rate"),
+        ("burst = 5\n", "route[0].burst"),
+        ("rate = 5\nburst = 0.5\n", "route[0].burst"),
+        ("retry_after_cap = \"0s\"\n", "route[0].retry_after_cap"),
+        ("retry_after_cap = \"2days\"\n", "route[0].retry_after_cap"),
+        ("order_key = \" \"\n", "route[0].order_key"),
+    ] {
+        assert_eq!(err(&format!("{a}{extra}")).field, field, "{extra}");
+    }
+    // Async-only fields on a sync route are errors, not silently ignored.
+    for name in [
+        "max_concurrency = 1",
+        "rate = 1",
+        "burst = 1",
+        "order_key = \"header:x\"",
+        "retry_after_cap = \"1m\"",
+    ] {
+        let field = format!("route[0].{}", name.split(' ').next().unwrap());
+        assert_eq!(err(&format!("{ROUTE}{name}\n")).field, field);
+    }
+}

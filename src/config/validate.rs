@@ -13,7 +13,7 @@ use super::raw::{RawConfig, RawRoute};
 use super::{
     AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, HandshakeMode,
     InFlightPolicy, KeylessPolicy, OnStoreError, RouteConfig, RouteMode, StoreConfig, StoreUrl,
-    bounds, redact_url,
+    Throttle, bounds, redact_url,
 };
 
 /// A route's `mode` and, for `async`, its acknowledgement and delivery policy; the
@@ -29,6 +29,11 @@ fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, C
             ("max_age", r.max_age.is_some()),
             ("backoff", r.backoff.is_some()),
             ("max_backoff", r.max_backoff.is_some()),
+            ("max_concurrency", r.max_concurrency.is_some()),
+            ("rate", r.rate.is_some()),
+            ("burst", r.burst.is_some()),
+            ("order_key", r.order_key.is_some()),
+            ("retry_after_cap", r.retry_after_cap.is_some()),
         ] {
             if set {
                 return Err(ConfigError::new(
@@ -65,6 +70,10 @@ fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, C
             "must not be shorter than backoff",
         ));
     }
+    let order_key = match r.order_key.as_deref().map(str::trim) {
+        Some("") => return Err(ConfigError::new(at("order_key"), "must not be empty")),
+        other => other.map(str::to_string),
+    };
     Ok(RouteMode::Async(AsyncRoute {
         ack_status,
         ack_body: r.ack_body.clone().unwrap_or_default(),
@@ -72,7 +81,62 @@ fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, C
         max_age: dur("max_age", &r.max_age, "24h")?,
         backoff,
         max_backoff,
+        throttle: throttle(r, at, &dur)?,
+        order_key,
     }))
+}
+
+/// The most deliveries per second `rate` (and `burst`) accept.
+const MAX_RATE: f64 = 1_000_000.0;
+
+/// An async route's delivery limits: `max_concurrency`, `rate`, `burst`, `retry_after_cap`.
+fn throttle(
+    r: &RawRoute,
+    at: &impl Fn(&str) -> String,
+    dur: &impl Fn(&str, &Option<String>, &str) -> Result<Duration, ConfigError>,
+) -> Result<Throttle, ConfigError> {
+    if r.max_concurrency == Some(0) {
+        return Err(ConfigError::new(
+            at("max_concurrency"),
+            "must be at least 1",
+        ));
+    }
+    let positive = |field: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= MAX_RATE {
+            Ok(v)
+        } else {
+            Err(ConfigError::new(
+                at(field),
+                format!("`{v}` must be a number above 0 and at most {MAX_RATE}"),
+            ))
+        }
+    };
+    let rate = r.rate.map(|v| positive("rate", v)).transpose()?;
+    let burst = match (r.burst, rate) {
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                at("burst"),
+                "only applies with a rate (it is the rate's token bucket)",
+            ));
+        }
+        (Some(b), Some(_)) => {
+            let b = positive("burst", b)?;
+            if b < 1.0 {
+                return Err(ConfigError::new(
+                    at("burst"),
+                    "must be at least 1: a smaller bucket never holds a whole delivery",
+                ));
+            }
+            b
+        }
+        (None, rate) => rate.unwrap_or(1.0).max(1.0),
+    };
+    Ok(Throttle {
+        max_concurrency: r.max_concurrency,
+        rate,
+        burst,
+        retry_after_cap: dur("retry_after_cap", &r.retry_after_cap, "1h")?,
+    })
 }
 
 pub(super) fn validate(

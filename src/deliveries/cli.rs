@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::config::{Config, StoreUrl};
+use crate::config::Config;
 use crate::deliveries::{self, audit::audit};
 use crate::store::log::{Cursor, DeliveryLog, Forgot, ListQuery, LogEntry};
-use crate::store::{DeliveryKey, Lifetimes, RedisStore, Status};
+use crate::store::{DeliveryKey, RedisStore, Status};
 use crate::upstream::Upstream;
 
 #[derive(clap::Args, Debug)]
@@ -178,37 +178,8 @@ fn show_text(e: &LogEntry) -> String {
 
 /// Runs `idemgate deliveries …`.
 pub fn main(config: Option<&Path>, args: DeliveriesArgs) -> ExitCode {
-    let config = match crate::providers::load(config) {
-        Ok((c, _routes)) => c,
-        Err(e) => return fail(format!("invalid configuration: {e}")),
-    };
-    let StoreUrl::Redis(url) = &config.store.url else {
-        return fail(
-            "the store is the in-memory store: there is no delivery log to read (configure [store] url = \"redis://…\")",
-        );
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    runtime.block_on(async {
-        // The connection is prepared inside the runtime (it spawns its driver there).
-        let store = match RedisStore::new(
-            url,
-            &config.store.key_prefix,
-            Lifetimes {
-                lease: config.dedup.lease,
-                retention: config.dedup.retention,
-            },
-            config.store.timeout,
-        ) {
-            Ok(s) => s,
-            Err(e) => return fail(e),
-        };
-        run(&config, &store, args).await
+    super::ops_cli::with_redis("deliveries", config, async |config, store, _queue| {
+        run(config, store, args).await
     })
 }
 

@@ -9,6 +9,8 @@
 
 pub mod audit;
 pub mod cli;
+pub mod jobs;
+pub mod ops_cli;
 
 use std::time::{Duration, Instant};
 

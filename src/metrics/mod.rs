@@ -206,6 +206,7 @@ struct QueueFamilies {
     dead_letters: IntCounterVec,
     dead_letter_size: IntGaugeVec,
     delivery_duration: HistogramVec,
+    paused: IntGaugeVec,
 }
 
 /// One async route's queue handles, resolved at start.
@@ -221,6 +222,11 @@ pub struct QueueMetrics {
     pub attempts_ok: IntCounter,
     /// Delivery attempts that failed (non-2xx, unreachable, timeout).
     pub attempts_failed: IntCounter,
+    /// Delivery attempts the application answered 429/503 with `Retry-After`: the
+    /// route was held and the attempt not counted.
+    pub attempts_held: IntCounter,
+    /// 1 while the route is paused (for every sidecar sharing the store).
+    pub paused: IntGauge,
     /// Entries moved to the dead-letter stream.
     pub dead_letters: IntCounter,
     /// Entries in the dead-letter stream now.
@@ -372,6 +378,7 @@ impl Metrics {
             Box::new(queue.attempts.clone()),
             Box::new(queue.dead_letters.clone()),
             Box::new(queue.dead_letter_size.clone()),
+            Box::new(queue.paused.clone()),
             Box::new(queue.delivery_duration.clone()),
         ] {
             registry.register(c).expect("metric registered once");
@@ -406,6 +413,8 @@ impl Metrics {
             oldest_age: q.oldest.with_label_values(&[route]),
             attempts_ok: q.attempts.with_label_values(&[route, "completed"]),
             attempts_failed: q.attempts.with_label_values(&[route, "failed"]),
+            attempts_held: q.attempts.with_label_values(&[route, "held"]),
+            paused: q.paused.with_label_values(&[route]),
             dead_letters: q.dead_letters.with_label_values(&[route]),
             dead_letter_size: q.dead_letter_size.with_label_values(&[route]),
             delivery_duration: q.delivery_duration.with_label_values(&[route]),
@@ -510,7 +519,7 @@ impl QueueFamilies {
             attempts: IntCounterVec::new(
                 Opts::new(
                     "idemgate_delivery_attempts_total",
-                    "Upstream calls made from the queue, by result (completed, failed).",
+                    "Upstream calls made from the queue, by result (completed, failed, held: the application's 429/503 with Retry-After).",
                 ),
                 &["route", "result"],
             )
@@ -526,6 +535,10 @@ impl QueueFamilies {
             dead_letter_size: gauge(
                 "idemgate_dead_letter_size",
                 "Entries in an async route's dead-letter stream.",
+            ),
+            paused: gauge(
+                "idemgate_route_paused",
+                "1 while an async route is paused (it queues and delivers nothing).",
             ),
             delivery_duration: HistogramVec::new(
                 HistogramOpts::new(

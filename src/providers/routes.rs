@@ -9,18 +9,21 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{Route, build_route};
-use crate::config::{Config, ConfigError};
+use super::{KeySource, Route, build_route};
+use crate::config::{Config, ConfigError, RouteMode};
 
 /// The built routes, by name.
 pub struct Routes {
     by_name: HashMap<String, Arc<Route>>,
+    /// Each ordered async route's `order_key` source.
+    orders: HashMap<String, KeySource>,
 }
 
 impl Routes {
     /// Builds every route of `config`; the first problem names its field.
     pub fn build(config: &Config) -> Result<Routes, ConfigError> {
         let mut by_name = HashMap::with_capacity(config.routes.len());
+        let mut orders = HashMap::new();
         for (i, r) in config.routes.iter().enumerate() {
             let route = build_route(r, config)
                 .map_err(|e| ConfigError::new(format!("route[{i}].{}", e.field), e.message))?;
@@ -37,9 +40,21 @@ impl Routes {
                     ),
                 ));
             }
+            if let RouteMode::Async(a) = &r.mode
+                && let Some(text) = &a.order_key
+            {
+                let source = KeySource::parse(text)
+                    .map_err(|m| ConfigError::new(format!("route[{i}].order_key"), m))?;
+                orders.insert(r.name.clone(), source);
+            }
             by_name.insert(r.name.clone(), Arc::new(route));
         }
-        Ok(Routes { by_name })
+        Ok(Routes { by_name, orders })
+    }
+
+    /// Where the async route `name` reads its order value; `None`: unordered.
+    pub fn order_key(&self, name: &str) -> Option<&KeySource> {
+        self.orders.get(name)
     }
 
     /// The route configured as `config.routes[i]`, for the gate and the queue; an
@@ -130,5 +145,14 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         assert_eq!(err(&text).field, "dedup.retention");
         let text = format!("[dedup]\nretention = \"5m1s\"\n{ROUTE}");
         assert!(from_toml_with_env(&text, |_| None).is_ok());
+    }
+
+    #[test]
+    fn an_order_key_must_be_a_key_source() {
+        let text = format!("{ROUTE}mode = \"async\"\norder_key = \"body:/x\"\n");
+        assert_eq!(err(&text).field, "route[0].order_key");
+        let ok = text.replace("body:/x", "json:/data/object/id");
+        let (_, routes) = from_toml_with_env(&ok, |_| None).unwrap();
+        assert!(routes.order_key("wh").is_some());
     }
 }

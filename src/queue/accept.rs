@@ -59,6 +59,20 @@ impl AsyncMode {
         if let Some(k) = idempotency_key {
             headers.insert(HeaderName::from_static("idempotency-key"), k);
         }
+        let order = state.order.as_ref().and_then(|source| {
+            match source
+                .extract(&parts.headers, &body)
+                .and_then(|v| crate::providers::validate_key(&v).map(|()| v))
+            {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    // Acknowledged all the same: refusing it would only make the
+                    // provider retry a delivery that can never carry the value.
+                    tracing::warn!(route = &*key.route, key = %key.key, error = %e, "no usable order_key value; the delivery is queued unordered");
+                    None
+                }
+            }
+        });
         let entry = QueueEntry {
             key: key.key.clone(),
             method: parts.method.to_string(),
@@ -70,6 +84,7 @@ impl AsyncMode {
             headers: upstream::encode_headers(&headers),
             body,
             received_at: unix_millis(),
+            order,
         };
         let added = self
             .backend

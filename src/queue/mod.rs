@@ -18,7 +18,12 @@
 //! acknowledged.
 
 mod accept;
+mod control;
+mod pace;
 mod worker;
+
+pub use control::RouteOverview;
+pub use pace::retry_after;
 
 // The queue's storage (its entries, dead letters and the key transitions) lives in
 // the store layer, beside each store; re-exported here for the queue's users.
@@ -42,7 +47,7 @@ use tokio_util::task::TaskTracker;
 use crate::answer::Answer;
 use crate::config::{AsyncRoute, Config, RouteMode};
 use crate::metrics::{Metrics, QueueMetrics};
-use crate::providers::Route;
+use crate::providers::{KeySource, Route};
 use crate::store::StoreError;
 use crate::upstream::Upstream;
 
@@ -96,6 +101,9 @@ struct AsyncRouteState {
     route: Arc<Route>,
     cfg: AsyncRoute,
     metrics: QueueMetrics,
+    /// Where the order value is read from (`order_key`); `None`: unordered.
+    order: Option<KeySource>,
+    pace: pace::Pace,
 }
 
 /// Async mode for every async route of one sidecar: see the module documentation.
@@ -125,12 +133,19 @@ impl AsyncMode {
                 continue;
             };
             let route = built.route(config, i)?;
+            let order = built.order_key(&rc.name).cloned();
             routes.insert(
                 rc.name.clone(),
                 Arc::new(AsyncRouteState {
                     route,
                     cfg: cfg.clone(),
                     metrics: metrics.queue(&rc.name),
+                    order,
+                    pace: pace::Pace::new(
+                        cfg.throttle.max_concurrency,
+                        config.upstream_timeout,
+                        config.store.timeout,
+                    ),
                 }),
             );
         }

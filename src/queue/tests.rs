@@ -10,6 +10,13 @@ fn cfg() -> AsyncRoute {
         max_age: Duration::from_secs(3600),
         backoff: Duration::from_secs(1),
         max_backoff: Duration::from_secs(10),
+        throttle: crate::config::Throttle {
+            max_concurrency: None,
+            rate: None,
+            burst: 1.0,
+            retry_after_cap: Duration::from_secs(3600),
+        },
+        order_key: None,
     }
 }
 
@@ -45,6 +52,7 @@ fn entries_round_trip_through_their_fields() {
         headers: Bytes::from_static(b"host: x\r\nidempotency-key: wh:evt_1\r\n"),
         body: Bytes::from_static(b"\xff\x00body"),
         received_at: 1_700_000_000_123,
+        order: None,
     };
     let map: HashMap<String, Bytes> = e
         .fields()

@@ -4,10 +4,10 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, Method};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{AsyncMode, AsyncRouteState, Lock, QueueEntry, backoff_delay};
 use crate::store::lease::{self, LeaseEvent};
@@ -50,6 +50,12 @@ impl AsyncMode {
                     tracing::debug!(route = &*state.route.name, error = %e, "queue stats failed")
                 }
             }
+            match self.backend.route_state(&state.route.name).await {
+                Ok(r) => m.paused.set(i64::from(r.paused)),
+                Err(e) => {
+                    tracing::debug!(route = &*state.route.name, error = %e, "queue stats failed")
+                }
+            }
             tokio::select! {
                 _ = self.stop.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -73,18 +79,32 @@ impl AsyncMode {
             .spawn(self.clone().keep_alive(state.clone(), in_hand.clone()));
         let room = Arc::new(Semaphore::new(IN_HAND));
         let mut last_takeover: Option<Instant> = None;
+        let every = self.claim_idle / 2;
         loop {
+            // Entries of a dead consumer are taken over even when this worker has no
+            // room: they may be the oldest of their order values, which the entries in
+            // hand wait for (docs/async.md, ordering).
+            let due = last_takeover.map_or(Duration::ZERO, |t| every.saturating_sub(t.elapsed()));
+            let full = room.available_permits() == 0;
             let first = tokio::select! {
+                biased;
                 _ = self.stop.cancelled() => return,
-                p = room.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                p = room.clone().acquire_owned() => match p { Ok(p) => Some(p), Err(_) => return },
+                _ = tokio::time::sleep(due), if full => None,
             };
-            let mut permits = vec![first];
-            while let Ok(p) = room.clone().try_acquire_owned() {
-                permits.push(p);
-            }
+            let mut permits: Vec<Option<OwnedSemaphorePermit>> = match first {
+                Some(p) => {
+                    let mut v = vec![Some(p)];
+                    while let Ok(p) = room.clone().try_acquire_owned() {
+                        v.push(Some(p));
+                    }
+                    v
+                }
+                None => (0..IN_HAND).map(|_| None).collect(),
+            };
             let mut read = Vec::new();
             let mut failed = None;
-            if last_takeover.is_none_or(|t| t.elapsed() >= self.claim_idle / 2) {
+            if last_takeover.is_none_or(|t| t.elapsed() >= every) {
                 match self
                     .backend
                     .take_over(route, &self.consumer, self.claim_idle, permits.len())
@@ -104,7 +124,7 @@ impl AsyncMode {
                     Err(e) => failed = Some(e),
                 }
             }
-            if read.is_empty() && failed.is_none() {
+            if read.is_empty() && failed.is_none() && permits[0].is_some() {
                 match self
                     .backend
                     .read_new(route, &self.consumer, permits.len())
@@ -147,7 +167,7 @@ impl AsyncMode {
                                 id,
                                 "malformed queue entry dropped"
                             );
-                            let _ = this.backend.done(&state.route.name, &id).await;
+                            let _ = this.backend.done(&state.route.name, &id, None).await;
                         }
                     }
                     if let Ok(mut h) = in_hand.lock() {
@@ -190,7 +210,7 @@ impl AsyncMode {
     }
 
     /// Sleeps `d`, or less when shutting down; false when shutting down.
-    async fn pause(&self, d: Duration) -> bool {
+    pub(super) async fn pause(&self, d: Duration) -> bool {
         tokio::select! {
             _ = self.stop.cancelled() => false,
             _ = tokio::time::sleep(d) => true,
@@ -198,22 +218,31 @@ impl AsyncMode {
     }
 
     /// Delivers one entry: attempts until the upstream completes it, or it is dead.
+    /// Each attempt first waits for the route's pacing (`pace.rs`), then takes the
+    /// key's claim.
     async fn deliver(&self, state: &AsyncRouteState, id: &str, entry: QueueEntry) {
         let route: &str = &state.route.name;
         let cfg = &state.cfg;
         let key = DeliveryKey::new(state.route.name.clone(), entry.key.clone());
+        let order = entry.order.as_deref();
         let mut last_error = String::new();
         loop {
             if self.stop.is_cancelled() {
                 return; // left pending: taken over by another consumer
             }
+            let ordered = state.order.as_ref().and(order).map(|o| (o, id));
+            let Some(admitted) = self.admitted(state, ordered).await else {
+                return;
+            };
             let (token, attempt) = match self.backend.lock(&key, id, cfg.max_age).await {
                 Ok(Lock::Claimed { token, attempt }) => (token, attempt),
                 Ok(Lock::Completed) => {
-                    self.finish(route, id).await;
+                    self.leave(state, admitted).await;
+                    self.finish(route, id, order).await;
                     return;
                 }
                 Ok(Lock::Busy) => {
+                    self.leave(state, admitted).await;
                     if !self
                         .pause(cfg.backoff.min(Duration::from_millis(500)))
                         .await
@@ -223,6 +252,7 @@ impl AsyncMode {
                     continue;
                 }
                 Err(e) => {
+                    self.leave(state, admitted).await;
                     tracing::warn!(route, key = %key.key, error = %e, "queue: taking the key failed");
                     if !self.pause(Duration::from_secs(1)).await {
                         return;
@@ -239,6 +269,7 @@ impl AsyncMode {
             };
             let age = Duration::from_millis(unix_millis().saturating_sub(entry.received_at));
             if attempt > u64::from(cfg.max_attempts) || age > cfg.max_age {
+                self.leave(state, admitted).await;
                 if last_error.is_empty() {
                     last_error = if age > cfg.max_age {
                         format!(
@@ -255,6 +286,13 @@ impl AsyncMode {
             let started = Instant::now();
             let result = self.forward(&held).await;
             let took = started.elapsed();
+            if matches!(result, Err(upstream::UpstreamError::Timeout)) {
+                // The application may still be working on it: the slot stays taken
+                // until it lapses (`pace.rs`), so the bound holds for what it runs.
+                drop(admitted);
+            } else {
+                self.leave(state, admitted).await;
+            }
             state.metrics.delivery_duration.observe(took.as_secs_f64());
             match result {
                 Ok(resp) if state.route.success.completes(resp.status, &resp.body) => {
@@ -279,9 +317,32 @@ impl AsyncMode {
                         tracing::warn!(route, key = %key.key, "completion not recorded (claim lost or store failing); the entry stays pending");
                         return;
                     }
-                    self.finish(route, id).await;
+                    self.finish(route, id, order).await;
                     tracing::info!(route, key = %key.key, attempt, status = stored.status, duration_ms = took.as_secs_f64() * 1000.0, "queued delivery completed");
                     return;
+                }
+                Ok(resp)
+                    if let Some(hold) = super::retry_after(
+                        &resp,
+                        SystemTime::now(),
+                        cfg.throttle.retry_after_cap,
+                    ) =>
+                {
+                    // The application asks the route to slow down: give the attempt
+                    // back and hold the route (every sidecar). At least `backoff`: a
+                    // `Retry-After: 0` must not turn into a loop of uncounted attempts.
+                    let hold = hold.max(cfg.backoff);
+                    state.metrics.attempts_held.inc();
+                    tracing::info!(route, key = %key.key, status = resp.status.as_u16(), hold_ms = hold.as_millis() as u64, "the application asked to wait (Retry-After); the route is held and the attempt not counted");
+                    if let Err(e) = self.backend.unlock(&key, token, true).await {
+                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
+                    }
+                    if let Err(e) = self.backend.hold(route, hold).await {
+                        tracing::warn!(route, error = %e, "holding the route failed; this entry waits alone");
+                        if !self.pause(hold).await {
+                            return;
+                        }
+                    }
                 }
                 other => {
                     state.metrics.attempts_failed.inc();
@@ -294,7 +355,7 @@ impl AsyncMode {
                         self.bury(&held, attempt, &last_error).await;
                         return;
                     }
-                    if let Err(e) = self.backend.unlock(&key, token).await {
+                    if let Err(e) = self.backend.unlock(&key, token, false).await {
                         tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
                     }
                     let wait = backoff_delay(cfg, attempt, rand::random::<f64>());
@@ -344,9 +405,9 @@ impl AsyncMode {
 
     /// Acknowledges a delivered entry, retrying briefly (an unacknowledged one would be
     /// taken over and found completed: harmless, but slower).
-    async fn finish(&self, route: &str, id: &str) {
+    async fn finish(&self, route: &str, id: &str, order: Option<&str>) {
         for _ in 0..3 {
-            match self.backend.done(route, id).await {
+            match self.backend.done(route, id, order).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(route, id, error = %e, "acknowledging a queue entry failed");
@@ -379,7 +440,7 @@ impl AsyncMode {
             Err(e) => {
                 // Left pending: retried after a takeover.
                 tracing::warn!(route, key = %key.key, error = %e, "moving an entry to the dead-letter stream failed");
-                let _ = self.backend.unlock(key, token).await;
+                let _ = self.backend.unlock(key, token, false).await;
                 return;
             }
         }

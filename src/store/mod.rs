@@ -12,9 +12,11 @@
 //! key is `completed` again once the replay's claim is released or lapses.
 
 pub mod breaker;
+pub mod jobs;
 pub(crate) mod lease;
 pub mod log;
 mod memory;
+pub mod pacing;
 pub mod queue;
 pub(crate) mod redis;
 

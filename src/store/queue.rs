@@ -30,19 +30,25 @@ pub struct QueueEntry {
     pub body: Bytes,
     /// When the provider's copy was received, Unix milliseconds.
     pub received_at: u64,
+    /// The route's `order_key` value, when the route orders its deliveries.
+    pub order: Option<String>,
 }
 
 impl QueueEntry {
-    /// The stream fields, in the agreed layout.
-    pub fn fields(&self) -> [(&'static str, Bytes); 6] {
-        [
+    /// The stream fields, in the agreed layout (`order` only on ordered routes).
+    pub fn fields(&self) -> Vec<(&'static str, Bytes)> {
+        let mut f = vec![
             ("key", Bytes::from(self.key.clone())),
             ("method", Bytes::from(self.method.clone())),
             ("path", Bytes::from(self.path.clone())),
             ("headers", self.headers.clone()),
             ("body", self.body.clone()),
             ("received_at", Bytes::from(self.received_at.to_string())),
-        ]
+        ];
+        if let Some(o) = &self.order {
+            f.push(("order", Bytes::from(o.clone())));
+        }
+        f
     }
 
     /// Reads an entry from its stream fields; `None` when one is missing.
@@ -59,6 +65,7 @@ impl QueueEntry {
             headers: fields.get("headers")?.clone(),
             body: fields.get("body")?.clone(),
             received_at: text("received_at")?.parse().ok()?,
+            order: text("order"),
         })
     }
 }
@@ -108,8 +115,11 @@ pub type Read = (String, Option<QueueEntry>);
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
-/// The queue and the key transitions async mode needs; one round trip per method.
-pub trait QueueBackend: Send + Sync + 'static {
+/// The queue and the key transitions async mode needs; one round trip per method. The
+/// route's pacing state (`Pacing`) and the operators' bulk jobs (`Jobs`) come with it.
+pub trait QueueBackend:
+    crate::store::pacing::Pacing + crate::store::jobs::Jobs + Send + Sync + 'static
+{
     /// Appends `entry` to `route`'s queue unless it holds `max_queue` entries
     /// (`Ok(None)`); the entry's ID otherwise.
     fn enqueue<'a>(
@@ -163,8 +173,14 @@ pub trait QueueBackend: Send + Sync + 'static {
     ) -> StoreFuture<'a, Lock>;
     /// Extends the attempt's claim while the upstream call runs.
     fn renew<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
-    /// Gives a failed attempt's claim up; the key stays `queued`.
-    fn unlock<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool>;
+    /// Gives a failed attempt's claim up; the key stays `queued`. With `refund` the
+    /// attempt is not counted (the application asked to wait: `Retry-After`).
+    fn unlock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        refund: bool,
+    ) -> StoreFuture<'a, bool>;
     /// Marks the key completed with the upstream's answer (owner only).
     fn complete<'a>(
         &'a self,
@@ -172,8 +188,14 @@ pub trait QueueBackend: Send + Sync + 'static {
         token: Token,
         response: &'a StoredResponse,
     ) -> StoreFuture<'a, bool>;
-    /// Acknowledges (and deletes) a delivered entry.
-    fn done<'a>(&'a self, route: &'a str, id: &'a str) -> StoreFuture<'a, ()>;
+    /// Acknowledges (and deletes) a delivered entry; `order` is its order value, whose
+    /// next entry may then start.
+    fn done<'a>(
+        &'a self,
+        route: &'a str,
+        id: &'a str,
+        order: Option<&'a str>,
+    ) -> StoreFuture<'a, ()>;
     /// Moves an exhausted entry to the dead-letter stream, atomically.
     fn dead_letter<'a>(
         &'a self,

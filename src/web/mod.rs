@@ -4,14 +4,17 @@
 //!   `GET|DELETE /admin/deliveries/{route}/{key}`, `POST …/{route}/{key}/replay`;
 //! - the web page (`/admin/`, server-rendered, no JavaScript): a login form sets an
 //!   HttpOnly, SameSite=Strict session cookie; every form that changes something
-//!   carries the session's CSRF token and is reached through a confirmation page.
+//!   carries the session's CSRF token and is reached through a confirmation page;
+//!   `/admin/routes-page` pauses and resumes async routes and starts bulk jobs.
 //!
 //! Without any admin token configured the whole of `/admin/` answers 404; `/metrics`
 //! and the probes stay open either way. Every action is logged (target
 //! `idemgate::audit`) with the token's name and what was done.
 
 mod api;
+mod control;
 mod pages;
+mod pages_ops;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -39,6 +42,8 @@ pub struct Operator<'a, S> {
     /// How long a replay's claim holds without renewal.
     pub lease: Duration,
     pub queue: Option<&'a AsyncMode>,
+    /// Operators' bulk jobs (none without a queue backend).
+    pub jobs: Option<&'a std::sync::Arc<crate::deliveries::jobs::JobRunner<S>>>,
 }
 
 /// The session cookie's name.
@@ -268,6 +273,22 @@ where
     Some(form_urlencoded::parse(&bytes).into_owned().collect())
 }
 
+/// The 403 page when a console form's CSRF token is not the session's (compared in
+/// constant time), so that no state-changing form is accepted from another site.
+fn csrf_refused(caller: &Caller, form: &HashMap<String, String>) -> Option<Answer> {
+    let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
+    let want = caller.csrf.as_deref().unwrap_or("").as_bytes();
+    if want.is_empty() || !bool::from(want.ct_eq(sent)) {
+        tracing::warn!(target: "idemgate::audit", who = %caller.who, "console form refused: bad CSRF token");
+        return Some(pages::message(
+            StatusCode::FORBIDDEN,
+            "Refused",
+            "This form is out of date (CSRF check failed). Go back, reload and try again.",
+        ));
+    }
+    None
+}
+
 /// Everything under `/admin` (see the module documentation).
 pub async fn handle<S: Store, B>(console: &Console, op: Operator<'_, S>, req: Request<B>) -> Answer
 where
@@ -294,7 +315,8 @@ where
     let query = parts.uri.query();
 
     // The JSON API: bearer tokens only.
-    if segs.get(1) == Some(&"deliveries") || segs.get(1) == Some(&"dead-letters") {
+    let api = ["deliveries", "dead-letters", "routes", "jobs"];
+    if segs.get(1).is_some_and(|s| api.contains(s)) {
         let Some(caller) = console.bearer(&parts.headers) else {
             let presented = parts.headers.contains_key(header::AUTHORIZATION);
             tracing::warn!(target: "idemgate::audit", path = parts.uri.path(), presented, "admin API request refused: no valid token");
@@ -307,6 +329,18 @@ where
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
         };
+        if matches!(segs.get(1), Some(&"routes") | Some(&"jobs")) {
+            let Ok(body) = Limited::new(body, control::MAX_BODY).collect().await else {
+                return json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    "the request body is larger than 64 KiB",
+                );
+            };
+            let body = body.to_bytes();
+            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], body)
+                .await;
+        }
         return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }
 
@@ -391,6 +425,42 @@ where
                 );
             }
             pages::act(&op, &caller, route, key, action).await
+        }
+        // Protecting the application: routes (pause/resume) and bulk jobs.
+        ("GET", ["routes-page"]) => pages_ops::overview(console, &op, &caller).await,
+        ("GET", ["jobs-page"]) => redirect("/admin/routes-page#jobs"),
+        ("GET", ["routes-page", route, "confirm"]) => {
+            let action = query_pairs(query)
+                .get("action")
+                .cloned()
+                .unwrap_or_default();
+            pages_ops::confirm_pause(console, &caller, route, &action)
+        }
+        ("POST", ["routes-page", route, action @ ("pause" | "resume")]) => {
+            let form = read_form(body).await.unwrap_or_default();
+            if let Some(refused) = csrf_refused(&caller, &form) {
+                return refused;
+            }
+            pages_ops::set_paused(console, &op, &caller, route, *action == "pause").await
+        }
+        ("GET", ["jobs-page", "confirm"]) => {
+            pages_ops::confirm_job(console, &caller, &query_pairs(query))
+        }
+        ("POST", ["jobs-page", "start"]) => {
+            let form = read_form(body).await.unwrap_or_default();
+            if let Some(refused) = csrf_refused(&caller, &form) {
+                return refused;
+            }
+            pages_ops::start_job(&op, &caller, &form).await
+        }
+        ("GET", ["job", id]) => pages_ops::job(&op, &caller, id).await,
+        ("GET", ["job", id, "confirm"]) => pages_ops::confirm_restart(&caller, id),
+        ("POST", ["job", id, "restart"]) => {
+            let form = read_form(body).await.unwrap_or_default();
+            if let Some(refused) = csrf_refused(&caller, &form) {
+                return refused;
+            }
+            pages_ops::restart_job(&op, &caller, id).await
         }
         _ => not_found(),
     }

@@ -63,7 +63,9 @@ pub(crate) fn esc(s: &str) -> String {
     out
 }
 
-fn page(status: StatusCode, title: &str, caller: Option<&Caller>, body: &str) -> Answer {
+/// The page around a body: the header with the caller's sign-out form, the CSS and
+/// the security headers every console page carries.
+pub(super) fn page(status: StatusCode, title: &str, caller: Option<&Caller>, body: &str) -> Answer {
     let nav = match caller {
         Some(c) => format!(
             "<span>signed in as <b>{}</b></span><form method=post action=\"/admin/logout\">\
@@ -136,7 +138,8 @@ pub(crate) fn login(error: Option<&str>, csrf: &str) -> Answer {
     )
 }
 
-fn when(ms: u64) -> String {
+/// A Unix-ms instant as RFC 3339 (`-` for none).
+pub(super) fn when(ms: u64) -> String {
     if ms == 0 {
         return "-".into();
     }
@@ -231,7 +234,9 @@ pub(crate) async fn list<S: Store>(
     caller: &Caller,
     query: Option<&str>,
 ) -> Answer {
-    let mut body = String::from("<h1>Deliveries</h1><div class=charts>");
+    let mut body = String::from(
+        "<h1>Deliveries</h1><p><a id=routes-page href=\"/admin/routes-page\">Routes and jobs →</a></p><div class=charts>",
+    );
     for r in console.routes() {
         body.push_str(&chart(r, &console.last_hour(r)));
     }

@@ -1,53 +1,11 @@
 //! `idemgate deliveries list|show|forget|replay` : the binary run against a
 //! real redis-server that a running sidecar filled, with the sidecar's own config.
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::common::admin::*;
 use crate::common::*;
-
-struct Cli {
-    dir: tempfile::TempDir,
-}
-
-impl Cli {
-    fn new(sc: &Sidecar) -> Cli {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("idemgate.toml"), &sc.config).unwrap();
-        Cli { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_idemgate"))
-            .arg("deliveries")
-            .args(args)
-            .arg("--config")
-            .arg(self.dir.path().join("idemgate.toml"))
-            .env_remove("IDEMGATE_STORE_URL")
-            .env("OPS_TOKEN", OPS_TOKEN)
-            .env("USER", "tester")
-            .output()
-            .expect("run idemgate deliveries")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "idemgate deliveries {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let mut a = args.to_vec();
-        a.push("--json");
-        serde_json::from_str(&self.ok(&a)).expect("JSON output")
-    }
-}
 
 // Multi-threaded: the CLI runs as a blocking child process while the recording
 // upstream (a task of this runtime) must keep answering.
@@ -66,7 +24,7 @@ async fn list_show_forget_and_replay_from_the_command_line() {
     assert_eq!(sc.send(&failed).await.status, 502);
 
     // list: a table by default, JSON with --json
-    let table = cli.ok(&["list"]);
+    let table = cli.ok(&["deliveries", "list"]);
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("ROUTE"), "{table}");
     assert!(
@@ -77,35 +35,39 @@ async fn list_show_forget_and_replay_from_the_command_line() {
         lines[2].contains(&ok.id) && lines[2].contains("completed"),
         "{table}"
     );
-    let j = cli.json(&["list", "--status", "completed"]);
+    let j = cli.json(&["deliveries", "list", "--status", "completed"]);
     let items = j["deliveries"].as_array().unwrap();
     assert_eq!(items.len(), 1);
     assert_eq!(items[0]["key"], ok.id.as_str());
-    let page = cli.json(&["list", "--limit", "1"]);
+    let page = cli.json(&["deliveries", "list", "--limit", "1"]);
     let cursor = page["next_cursor"].as_str().unwrap().to_string();
-    let next = cli.json(&["list", "--limit", "1", "--cursor", &cursor]);
+    let next = cli.json(&["deliveries", "list", "--limit", "1", "--cursor", &cursor]);
     assert_eq!(next["deliveries"][0]["key"], ok.id.as_str());
     assert!(next["next_cursor"].is_null());
 
     // show
-    let text = cli.ok(&["show", ROUTE, &ok.id]);
+    let text = cli.ok(&["deliveries", "show", ROUTE, &ok.id]);
     assert!(
         text.contains("completed") && text.contains("duplicates         1"),
         "{text}"
     );
-    let j = cli.json(&["show", ROUTE, &failed.id]);
+    let j = cli.json(&["deliveries", "show", ROUTE, &failed.id]);
     assert_eq!(j["status"], "released");
     assert_eq!(j["upstream_status"], 502);
-    assert!(!cli.run(&["show", ROUTE, "never-seen"]).status.success());
+    assert!(
+        !cli.run(&["deliveries", "show", ROUTE, "never-seen"])
+            .status
+            .success()
+    );
 
     // replay: the configured upstream receives the kept request under the claim
     let before = upstream.count();
-    let j = cli.json(&["replay", ROUTE, &failed.id]);
+    let j = cli.json(&["deliveries", "replay", ROUTE, &failed.id]);
     assert_eq!(j["upstream_status"], 200, "{j}");
     assert_eq!(j["recorded"], true);
     assert_eq!(upstream.count(), before + 1);
     assert_eq!(upstream.last().body, failed.body);
-    let j = cli.json(&["show", ROUTE, &failed.id]);
+    let j = cli.json(&["deliveries", "show", ROUTE, &failed.id]);
     assert_eq!(j["status"], "completed");
     assert_eq!(j["outcome"], "operator_replay");
     // …so the provider's next copy is answered from the store
@@ -114,7 +76,7 @@ async fn list_show_forget_and_replay_from_the_command_line() {
     assert_eq!(upstream.count(), before + 1);
 
     // forget: the next copy is forwarded
-    let out = cli.run(&["forget", ROUTE, &ok.id]);
+    let out = cli.run(&["deliveries", "forget", ROUTE, &ok.id]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("forgotten"));
     assert!(
@@ -122,7 +84,11 @@ async fn list_show_forget_and_replay_from_the_command_line() {
         "the action is logged with who: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!cli.run(&["forget", ROUTE, &ok.id]).status.success());
+    assert!(
+        !cli.run(&["deliveries", "forget", ROUTE, &ok.id])
+            .status
+            .success()
+    );
     let again = sc.send(&ok).await;
     assert!(!again.replayed());
     assert_eq!(upstream.count(), before + 2);
@@ -154,7 +120,7 @@ async fn an_interrupted_replay_leaves_the_completed_answer_standing() {
     replay.kill().unwrap();
     replay.wait().unwrap();
     let end = std::time::Instant::now() + Duration::from_secs(10);
-    while cli.json(&["show", ROUTE, &ok.id])["claimed"] == true {
+    while cli.json(&["deliveries", "show", ROUTE, &ok.id])["claimed"] == true {
         assert!(
             std::time::Instant::now() < end,
             "the replay's claim never lapsed"
@@ -167,7 +133,10 @@ async fn an_interrupted_replay_leaves_the_completed_answer_standing() {
     upstream
         .assert_count_stays(2, Duration::from_millis(300))
         .await;
-    assert_eq!(cli.json(&["show", ROUTE, &ok.id])["status"], "completed");
+    assert_eq!(
+        cli.json(&["deliveries", "show", ROUTE, &ok.id])["status"],
+        "completed"
+    );
 }
 
 #[tokio::test]

@@ -31,7 +31,8 @@ const SHORT_LEASE: Lifetimes = Lifetimes {
     retention: DAY,
 };
 
-fn entry(key: &str, received_at: u64) -> QueueEntry {
+/// An unordered entry of `key` (the pacing suite orders its own).
+pub(crate) fn entry(key: &str, received_at: u64) -> QueueEntry {
     QueueEntry {
         key: key.into(),
         method: "POST".into(),
@@ -39,6 +40,7 @@ fn entry(key: &str, received_at: u64) -> QueueEntry {
         headers: Bytes::new(),
         body: Bytes::from_static(b"{}"),
         received_at,
+        order: None,
     }
 }
 
@@ -127,7 +129,7 @@ async fn a_redriven_entry_starts_again_at_attempt_one<Q: QueueBackend, S: Store>
         assert_eq!(attempt, n);
         last = Some(token);
         if n < 3 {
-            assert!(q.unlock(&k, token).await.unwrap());
+            assert!(q.unlock(&k, token, false).await.unwrap());
         }
     }
     q.dead_letter(ROUTE, &id, &e, 3, "upstream answered 500")
@@ -228,7 +230,7 @@ async fn a_queued_status_outlives_a_short_retention<Q: QueueBackend, S: Store>(f
     let Lock::Claimed { token, .. } = f.queue.lock(&k, &read[0].0, max_age).await.unwrap() else {
         panic!("lock")
     };
-    assert!(f.queue.unlock(&k, token).await.unwrap());
+    assert!(f.queue.unlock(&k, token, false).await.unwrap());
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
 }
@@ -276,7 +278,7 @@ async fn a_new_entry_of_a_key_starts_at_attempt_one<Q: QueueBackend, S: Store>(f
             panic!("lock {n}")
         };
         assert_eq!(attempt, n);
-        assert!(q.unlock(&k, token).await.unwrap());
+        assert!(q.unlock(&k, token, false).await.unwrap());
     }
     // A second entry for the key, as a redrive appends it; the key untouched.
     let e = entry(&k.key, unix_millis());

@@ -431,7 +431,7 @@ async fn queued_keys_answer_queued<S: Store, Q: QueueBackend>(s: S, q: Q) {
         idemgate::queue::Lock::Claimed { token, .. } => token,
         other => panic!("expected the worker's lock, got {other:?}"),
     };
-    assert!(q.unlock(&k, token).await.unwrap());
+    assert!(q.unlock(&k, token, false).await.unwrap());
     assert_eq!(
         s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Queued,

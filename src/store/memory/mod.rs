@@ -12,7 +12,11 @@ use super::{
 use crate::providers::Fingerprint;
 
 /// The delivery log (the operator's view of each delivery) in memory.
+/// Operators' bulk jobs in process (`store::jobs`).
+mod jobs;
 mod log;
+/// The route's pacing state in process (`store::pacing`).
+mod pacing;
 mod queue;
 pub use queue::MemoryQueue;
 

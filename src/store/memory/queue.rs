@@ -2,7 +2,7 @@
 //! local use. Not durable: an acknowledged delivery still in the queue is lost when the
 //! process stops (docs/async.md says so; use Redis for the guarantee).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,13 +16,13 @@ use crate::store::{
 };
 
 /// A stream-like ID: (Unix ms, sequence), shown as `ms-seq`.
-type Id = (u64, u64);
+pub(super) type Id = (u64, u64);
 
 fn show(id: Id) -> String {
     format!("{}-{}", id.0, id.1)
 }
 
-fn parse(id: &str) -> Option<Id> {
+pub(super) fn parse(id: &str) -> Option<Id> {
     let (a, b) = id.split_once('-')?;
     Some((a.parse().ok()?, b.parse().ok()?))
 }
@@ -34,14 +34,40 @@ struct Slot {
 }
 
 #[derive(Default)]
-struct RouteQueue {
+pub(super) struct RouteQueue {
     entries: BTreeMap<Id, Slot>,
     dead: BTreeMap<Id, DeadLetter>,
+    /// Per order value, its entries' IDs, oldest first.
+    pub(super) orders: HashMap<String, VecDeque<Id>>,
+    pub(super) pace: super::pacing::Pace,
+}
+
+impl RouteQueue {
+    pub(super) fn holds(&self, id: Id) -> bool {
+        self.entries.contains_key(&id)
+    }
+
+    fn order_push(&mut self, order: Option<&str>, id: Id) {
+        if let Some(o) = order {
+            self.orders.entry(o.to_string()).or_default().push_back(id);
+        }
+    }
+
+    fn order_remove(&mut self, order: Option<&str>, id: Id) {
+        if let Some(o) = order
+            && let Some(list) = self.orders.get_mut(o)
+        {
+            list.retain(|i| *i != id);
+            if list.is_empty() {
+                self.orders.remove(o);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
-struct State {
-    routes: HashMap<String, RouteQueue>,
+pub(super) struct State {
+    pub(super) routes: HashMap<String, RouteQueue>,
     /// Per key: the entry whose attempts are counted (a redriven entry starts at 1).
     attempts: HashMap<DeliveryKey, (Id, u64)>,
 }
@@ -50,6 +76,7 @@ struct State {
 pub struct MemoryQueue {
     store: MemoryStore,
     state: Mutex<State>,
+    jobs: Mutex<HashMap<String, super::jobs::MemJob>>,
     seq: AtomicU64,
 }
 
@@ -58,6 +85,7 @@ impl MemoryQueue {
         MemoryQueue {
             store,
             state: Mutex::default(),
+            jobs: Mutex::default(),
             seq: AtomicU64::new(0),
         }
     }
@@ -66,7 +94,7 @@ impl MemoryQueue {
         (unix_millis(), self.seq.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> Result<T, StoreError> {
+    pub(super) fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> Result<T, StoreError> {
         let mut s = self
             .state
             .lock()
@@ -74,7 +102,18 @@ impl MemoryQueue {
         Ok(f(&mut s))
     }
 
-    fn ready<T: Send + 'static>(v: Result<T, StoreError>) -> StoreFuture<'static, T> {
+    pub(super) fn with_jobs<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<String, super::jobs::MemJob>) -> T,
+    ) -> Result<T, StoreError> {
+        let mut j = self
+            .jobs
+            .lock()
+            .map_err(|_| StoreError::Unavailable("memory jobs lock poisoned".into()))?;
+        Ok(f(&mut j))
+    }
+
+    pub(super) fn ready<T: Send + 'static>(v: Result<T, StoreError>) -> StoreFuture<'static, T> {
         Box::pin(std::future::ready(v))
     }
 }
@@ -99,6 +138,7 @@ impl QueueBackend for MemoryQueue {
                     holder: None,
                 },
             );
+            q.order_push(entry.order.as_deref(), id);
             Some(show(id))
         }))
     }
@@ -228,8 +268,21 @@ impl QueueBackend for MemoryQueue {
         Box::pin(self.store.renew(key, token))
     }
 
-    fn unlock<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
-        Self::ready(self.store.unlock(key, token))
+    fn unlock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        refund: bool,
+    ) -> StoreFuture<'a, bool> {
+        let r = self.store.unlock(key, token);
+        if refund && matches!(r, Ok(true)) {
+            let _ = self.with(|s| {
+                if let Some(n) = s.attempts.get_mut(key) {
+                    n.1 = n.1.saturating_sub(1);
+                }
+            });
+        }
+        Self::ready(r)
     }
 
     fn complete<'a>(
@@ -242,10 +295,16 @@ impl QueueBackend for MemoryQueue {
         Box::pin(self.store.complete(key, token, response, None))
     }
 
-    fn done<'a>(&'a self, route: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+    fn done<'a>(
+        &'a self,
+        route: &'a str,
+        id: &'a str,
+        order: Option<&'a str>,
+    ) -> StoreFuture<'a, ()> {
         Self::ready(self.with(|s| {
             if let (Some(q), Some(id)) = (s.routes.get_mut(route), parse(id)) {
                 q.entries.remove(&id);
+                q.order_remove(order, id);
             }
         }))
     }
@@ -263,6 +322,7 @@ impl QueueBackend for MemoryQueue {
             let q = s.routes.entry(route.to_string()).or_default();
             if let Some(id) = parse(id) {
                 q.entries.remove(&id);
+                q.order_remove(entry.order.as_deref(), id);
             }
             s.attempts
                 .remove(&DeliveryKey::new(route, entry.key.clone()));
@@ -333,6 +393,7 @@ impl QueueBackend for MemoryQueue {
                 received_at: unix_millis(),
                 ..dead.entry
             };
+            q.order_push(entry.order.as_deref(), new_id);
             q.entries.insert(
                 new_id,
                 Slot {
@@ -366,6 +427,7 @@ mod tests {
             headers: Bytes::new(),
             body: Bytes::from_static(b"{}"),
             received_at: unix_millis(),
+            order: None,
         }
     }
 
@@ -391,7 +453,7 @@ mod tests {
         q.dead_letter("wh", id_a, &a, 3, "upstream answered 500")
             .await
             .unwrap();
-        q.done("wh", &read[1].0).await.unwrap();
+        q.done("wh", &read[1].0, None).await.unwrap();
         let s = q.stats("wh").await.unwrap();
         assert_eq!((s.depth, s.dead_letters), (0, 1));
 

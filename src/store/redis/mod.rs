@@ -34,6 +34,10 @@ mod claim;
 /// A `redis://` server in cluster mode.
 mod cluster_mode;
 pub mod connection;
+/// Operators' bulk jobs (`store::jobs`).
+mod jobs;
+/// The route's pacing state (`store::pacing`).
+mod pacing;
 mod queue;
 /// The claim record's layouts.
 mod record;

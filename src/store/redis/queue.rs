@@ -25,7 +25,7 @@ use crate::store::{
     DeliveryKey, RedisStore, Store, StoreError, StoredResponse, Token, unix_millis,
 };
 
-struct Scripts {
+pub(super) struct Scripts {
     add: ScriptDef,
     mark: ScriptDef,
     lock: ScriptDef,
@@ -34,6 +34,9 @@ struct Scripts {
     dead: ScriptDef,
     redrive: ScriptDef,
     keep: ScriptDef,
+    pub(super) admit: ScriptDef,
+    pub(super) hold: ScriptDef,
+    pub(super) state: ScriptDef,
 }
 
 /// See the module documentation.
@@ -60,6 +63,9 @@ impl RedisQueue {
                 dead: ScriptDef::new(include_str!("scripts/queue_dead.lua")),
                 redrive: ScriptDef::new(include_str!("scripts/queue_redrive.lua")),
                 keep: ScriptDef::new(include_str!("scripts/queue_keep.lua")),
+                admit: ScriptDef::new(include_str!("scripts/pacing_admit.lua")),
+                hold: ScriptDef::new(include_str!("scripts/pacing_hold.lua")),
+                state: ScriptDef::new(include_str!("scripts/pacing_state.lua")),
             }),
             cursors: Arc::default(),
         }
@@ -75,13 +81,29 @@ impl RedisQueue {
         format!("{}:dlq:{{{route}}}", self.store.prefix())
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
+    pub(super) fn prefix(&self) -> &str {
+        self.store.prefix()
+    }
+
+    pub(super) fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: redis::Cmd,
+    ) -> Result<T, StoreError> {
         let mut conn = self.store.connection();
         self.store.bounded(cmd.query_async(&mut conn)).await
     }
 
-    async fn script(&self, call: Call<'_>) -> Result<Value, StoreError> {
+    pub(super) async fn script(&self, call: Call<'_>) -> Result<Value, StoreError> {
         Ok(self.store.eval(&call, false).await?.0)
+    }
+
+    /// The order list of `entry`, when its route orders deliveries.
+    fn order_list(&self, route: &str, order: Option<&str>) -> Option<String> {
+        order.map(|o| self.order_key(route, o))
     }
 }
 
@@ -179,7 +201,10 @@ impl QueueBackend for RedisQueue {
     ) -> StoreFuture<'a, Option<String>> {
         Box::pin(async move {
             let queue = self.queue_key(route);
-            let mut call = Call::new(&self.scripts.add, &[&queue]).arg(max_queue);
+            let order = self.order_list(route, entry.order.as_deref());
+            let mut call = Call::new(&self.scripts.add, &[&queue])
+                .key(order.as_deref())
+                .arg(max_queue);
             for (name, value) in entry.fields() {
                 call = call.arg(name).arg(value.as_ref());
             }
@@ -342,10 +367,17 @@ impl QueueBackend for RedisQueue {
         Box::pin(self.store.renew(key, token))
     }
 
-    fn unlock<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
+    fn unlock<'a>(
+        &'a self,
+        key: &'a DeliveryKey,
+        token: Token,
+        refund: bool,
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let k = self.store.keys(key);
-            let call = Call::new(&self.scripts.unlock, &[&k.lock]).arg(token.to_hex());
+            let call = Call::new(&self.scripts.unlock, &[&k.lock, &k.log])
+                .arg(token.to_hex())
+                .arg(u8::from(refund));
             Ok(int_of(&self.script(call).await?) == Some(1))
         })
     }
@@ -359,10 +391,19 @@ impl QueueBackend for RedisQueue {
         Box::pin(self.store.complete(key, token, response, None))
     }
 
-    fn done<'a>(&'a self, route: &'a str, id: &'a str) -> StoreFuture<'a, ()> {
+    fn done<'a>(
+        &'a self,
+        route: &'a str,
+        id: &'a str,
+        order: Option<&'a str>,
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let queue = self.queue_key(route);
-            let call = Call::new(&self.scripts.done, &[&queue]).arg(GROUP).arg(id);
+            let order = self.order_list(route, order);
+            let call = Call::new(&self.scripts.done, &[&queue])
+                .key(order.as_deref())
+                .arg(GROUP)
+                .arg(id);
             self.script(call).await.map(|_| ())
         })
     }
@@ -377,7 +418,9 @@ impl QueueBackend for RedisQueue {
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let (queue, dlq) = (self.queue_key(route), self.dlq_key(route));
+            let order = self.order_list(route, entry.order.as_deref());
             let mut call = Call::new(&self.scripts.dead, &[&queue, &dlq])
+                .key(order.as_deref())
                 .arg(GROUP)
                 .arg(id);
             for (name, value) in entry.fields() {
@@ -464,7 +507,20 @@ impl QueueBackend for RedisQueue {
             let call = Call::new(&self.scripts.redrive, &[&queue, &dlq])
                 .arg(dead_letter_id)
                 .arg(unix_millis());
-            Ok(text(&self.script(call).await?).is_some())
+            let reply = self.script(call).await?;
+            let (Some(id), order) = (
+                items(&reply).first().and_then(text),
+                items(&reply).get(1).and_then(text),
+            ) else {
+                return Ok(false);
+            };
+            // An ordered entry joins the end of its value's order (see the script).
+            if let Some(order) = order.filter(|o| !o.is_empty()) {
+                let mut push = redis::cmd("RPUSH");
+                push.arg(self.order_key(route, &order)).arg(&id);
+                self.query::<Value>(push).await?;
+            }
+            Ok(true)
         })
     }
 }

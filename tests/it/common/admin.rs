@@ -63,3 +63,48 @@ pub fn delivery_path(route: &str, key: &str) -> String {
         percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC)
     )
 }
+
+/// `idemgate <args> --config <the sidecar's config>`, as an operator runs it from a
+/// shell next to a running sidecar (same Redis, same prefix).
+pub struct Cli {
+    pub dir: tempfile::TempDir,
+}
+
+impl Cli {
+    pub fn new(sc: &Sidecar) -> Cli {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("idemgate.toml"), &sc.config).unwrap();
+        Cli { dir }
+    }
+
+    pub fn run(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(args)
+            .arg("--config")
+            .arg(self.dir.path().join("idemgate.toml"))
+            .env_remove("IDEMGATE_STORE_URL")
+            .env("OPS_TOKEN", OPS_TOKEN)
+            .env("USER", "tester")
+            .output()
+            .expect("run idemgate")
+    }
+
+    /// Runs `args`, which must succeed; its standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "idemgate {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs `args` with `--json`, which must succeed; its output.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.ok(&a)).expect("JSON output")
+    }
+}

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod load;
 pub mod monitor;
 pub mod preset_stack;
+pub mod probe_app;
 pub mod signer;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -600,20 +601,7 @@ impl Upstream {
             reqs: Mutex::new(Vec::new()),
         });
         let st = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
+        let task = serve_each(listener, move |req| handle(st.clone(), req));
         Upstream { addr, state, task }
     }
 
@@ -688,6 +676,32 @@ impl Upstream {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Serves `handle` (HTTP/1 and 2) on every connection `listener` accepts, until the
+/// returned task is aborted: the test applications' accept loop.
+pub fn serve_each<F, Fut>(
+    listener: tokio::net::TcpListener,
+    handle: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(handle);
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    })
 }
 
 impl Drop for Upstream {

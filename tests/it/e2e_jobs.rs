@@ -1,0 +1,405 @@
+//! End-to-end: pausing and resuming a route, and operators' bulk jobs (docs/operating.md
+//! "Routes" and "Bulk jobs") through the admin API and the CLI, on a real Redis shared
+//! by real sidecar processes — including a sidecar killed in the middle of a job.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::admin::*;
+use crate::common::probe_app::{Call, ProbeApp, Reply};
+use crate::common::*;
+
+const SEC: Duration = Duration::from_secs(1);
+const QUEUED: &str = "queued";
+const QUEUED_PATH: &str = "/webhooks/queued";
+
+/// The application: the async route fails (500) while `failing`; the sync route takes
+/// `delay` ms.
+struct App {
+    probe: ProbeApp,
+    failing: Arc<AtomicBool>,
+    delay: Arc<AtomicU64>,
+}
+
+async fn app() -> App {
+    let failing = Arc::new(AtomicBool::new(false));
+    let delay = Arc::new(AtomicU64::new(0));
+    let (f, d) = (failing.clone(), delay.clone());
+    let probe = ProbeApp::start(move |seen| {
+        if seen.path == QUEUED_PATH && f.load(Ordering::SeqCst) {
+            return Reply {
+                status: 500,
+                headers: vec![],
+                delay: Duration::ZERO,
+            };
+        }
+        Reply::ok(Duration::from_millis(d.load(Ordering::SeqCst)))
+    })
+    .await;
+    App {
+        probe,
+        failing,
+        delay,
+    }
+}
+
+/// The admin builder's sync route (`keep_payload`) plus an async route.
+fn builder_with_queue(app: &App, redis: &RedisServer) -> SidecarBuilder {
+    let mut q = RouteCfg::standard(QUEUED, QUEUED_PATH);
+    q.extra = "mode = \"async\"\nmax_attempts = 1\nkeep_payload = true\n".into();
+    let mut route = RouteCfg::standard(ROUTE, PATH);
+    route.extra = "keep_payload = true\n".into();
+    SidecarBuilder::new(&app.probe.url(), &redis.url())
+        .route(route)
+        .route(q)
+        .top("admin_token", "ops=env:OPS_TOKEN")
+        .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
+        .env("OPS_TOKEN", OPS_TOKEN)
+}
+
+async fn call(sc: &Sidecar, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut rb = sc
+        .client
+        .request(m, sc.admin_url(path))
+        .bearer_auth(TOKEN)
+        .timeout(20 * SEC);
+    if let Some(b) = body {
+        rb = rb
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Polls `show` until the job reaches `state`; returns the job.
+async fn wait_job(
+    what: &str,
+    deadline: Duration,
+    mut show: impl AsyncFnMut() -> Value,
+    state: &str,
+) -> Value {
+    let end = Instant::now() + deadline;
+    loop {
+        let j = show().await;
+        if j["state"] == state {
+            return j;
+        }
+        assert!(Instant::now() < end, "{what}: job never {state}: {j}");
+        tokio::time::sleep(SEC / 4).await;
+    }
+}
+
+fn calls_per_key(calls: &[Call], path: &str) -> HashMap<String, (usize, usize)> {
+    let mut m: HashMap<String, (usize, usize)> = HashMap::new();
+    for c in calls.iter().filter(|c| c.path == path) {
+        let e = m.entry(c.key.clone()).or_default();
+        e.0 += 1;
+        if c.status < 300 {
+            e.1 += 1;
+        }
+    }
+    m
+}
+
+fn route_row(routes: &Value, name: &str) -> Value {
+    routes["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["route"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no route {name} in {routes}"))
+}
+
+// Multi-threaded: the CLI runs as a blocking child process while the application (a
+// task of this runtime) must keep answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
+    let redis = RedisServer::start_new();
+    let app = app().await;
+    let a = builder_with_queue(&app, &redis).start().await;
+    let b = builder_with_queue(&app, &redis).start().await;
+    let cli = Cli::new(&a);
+
+    // Paused through one sidecar's API: every sidecar acknowledges and delivers nothing.
+    let (s, v) = call(&a, "POST", &format!("/admin/routes/{QUEUED}/pause"), None).await;
+    assert_eq!((s, &v["paused"]), (200, &json!(true)), "{v}");
+    let (_, routes) = call(&b, "GET", "/admin/routes", None).await;
+    assert_eq!(route_row(&routes, QUEUED)["paused"], true);
+    let ds: Vec<Delivery> = (0..10)
+        .map(|_| Delivery::fresh().path(QUEUED_PATH))
+        .collect();
+    for (i, d) in ds.iter().enumerate() {
+        let sc = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(sc.send(d).await.status, 200);
+    }
+    tokio::time::sleep(3 * SEC / 2).await;
+    assert_eq!(
+        calls_per_key(&app.probe.calls(), QUEUED_PATH).len(),
+        0,
+        "delivered while paused"
+    );
+    let (_, routes) = call(&b, "GET", "/admin/routes", None).await;
+    let row = route_row(&routes, QUEUED);
+    assert_eq!(
+        (&row["queue_depth"], &row["mode"]),
+        (&json!(10), &json!("async")),
+        "{row}"
+    );
+    assert_eq!(route_row(&routes, ROUTE)["mode"], "sync");
+    b.wait_metric(&format!("idemgate_route_paused{{route=\"{QUEUED}\"}}"), 1.0)
+        .await;
+    let listed = cli.json(&["routes", "list"]);
+    assert_eq!(route_row(&listed, QUEUED)["paused"], true);
+
+    // Resumed from the CLI: the queue drains, each delivery once.
+    let resumed = cli.json(&["routes", "resume", QUEUED]);
+    assert_eq!(resumed["paused"], false);
+    app.probe.wait_for_ok(10, 20 * SEC).await;
+    let per = calls_per_key(&app.probe.calls(), QUEUED_PATH);
+    assert_eq!(per.len(), 10);
+    assert!(per.values().all(|(n, ok)| (*n, *ok) == (1, 1)), "{per:?}");
+    b.wait_metric(&format!("idemgate_route_paused{{route=\"{QUEUED}\"}}"), 0.0)
+        .await;
+
+    // Refusals: a sync route cannot be paused, an unknown one is not found, bad jobs
+    // are 400, an unknown job 404, no token 401.
+    let (s, _) = call(&a, "POST", &format!("/admin/routes/{ROUTE}/pause"), None).await;
+    assert_eq!(s, 409);
+    let (s, _) = call(&a, "POST", "/admin/routes/nope/pause", None).await;
+    assert_eq!(s, 404);
+    for bad in [
+        json!({"kind": "nope", "route": ROUTE}),
+        json!({"kind": "replay", "route": "nope"}),
+        json!({"kind": "replay", "route": ROUTE, "filter": {"colour": "red"}}),
+        json!({"kind": "replay", "route": ROUTE, "filter": {"since": "yesterday"}}),
+        json!({"kind": "redrive", "route": ROUTE}),
+        json!({"kind": "redrive", "route": QUEUED, "filter": {"older_than": "soon"}}),
+        json!(["not", "an", "object"]),
+    ] {
+        let (s, v) = call(&a, "POST", "/admin/jobs", Some(bad.clone())).await;
+        assert_eq!(s, 400, "{bad} → {v}");
+    }
+    let (s, _) = call(&a, "GET", "/admin/jobs/0123", None).await;
+    assert_eq!(s, 404);
+    assert_eq!(api(&a, "GET", "/admin/jobs", None).await.status, 401);
+
+    // Dead letters (max_attempts = 1 against a failing application), redriven in bulk
+    // from the CLI once it recovers: a sidecar takes the job, each delivered once.
+    app.failing.store(true, Ordering::SeqCst);
+    let dead: Vec<Delivery> = (0..5)
+        .map(|_| Delivery::fresh().path(QUEUED_PATH))
+        .collect();
+    for d in &dead {
+        assert_eq!(a.send(d).await.status, 200);
+    }
+    let end = Instant::now() + 20 * SEC;
+    while route_row(&call(&a, "GET", "/admin/routes", None).await.1, QUEUED)["dead_letters"] != 5 {
+        assert!(Instant::now() < end, "dead letters never reached 5");
+        tokio::time::sleep(SEC / 4).await;
+    }
+    app.failing.store(false, Ordering::SeqCst);
+    let started = cli.json(&["jobs", "start", "--kind", "redrive", "--route", QUEUED]);
+    assert_eq!(
+        (&started["total"], &started["state"]),
+        (&json!(5), &json!("running")),
+        "{started}"
+    );
+    let id = started["id"].as_str().unwrap().to_string();
+    let done = wait_job(
+        "redrive",
+        30 * SEC,
+        async || cli.json(&["jobs", "show", &id]),
+        "done",
+    )
+    .await;
+    assert_eq!(
+        (&done["done"], &done["failed"]),
+        (&json!(5), &json!(0)),
+        "{done}"
+    );
+    app.probe.wait_for_ok(15, 20 * SEC).await;
+    let per = calls_per_key(&app.probe.calls(), QUEUED_PATH);
+    for d in &dead {
+        assert_eq!(
+            per[&format!("{QUEUED}:{}", d.id)],
+            (2, 1),
+            "one failure, then once"
+        );
+    }
+
+    // Replay of every completed delivery of the sync route through the API.
+    let sync: Vec<Delivery> = (0..5).map(|_| Delivery::fresh()).collect();
+    for d in &sync {
+        assert_eq!(b.send(d).await.status, 200);
+    }
+    let (s, started) = call(
+        &a,
+        "POST",
+        "/admin/jobs",
+        Some(json!({"kind": "replay", "route": ROUTE, "filter": {"status": "completed"}})),
+    )
+    .await;
+    assert_eq!((s, &started["total"]), (202, &json!(5)), "{started}");
+    let id = started["id"].as_str().unwrap().to_string();
+    let done = wait_job(
+        "replay",
+        30 * SEC,
+        async || call(&b, "GET", &format!("/admin/jobs/{id}"), None).await.1,
+        "done",
+    )
+    .await;
+    assert_eq!(
+        (&done["done"], &done["failed"]),
+        (&json!(5), &json!(0)),
+        "{done}"
+    );
+    let per = calls_per_key(&app.probe.calls(), PATH);
+    for d in &sync {
+        assert_eq!(
+            per[&format!("{ROUTE}:{}", d.id)],
+            (2, 2),
+            "the delivery, then its replay"
+        );
+    }
+    let (_, list) = call(&b, "GET", "/admin/jobs", None).await;
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(
+        cli.json(&["jobs", "list"])["jobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Starting a finished job again is refused.
+    let (s, _) = call(&a, "POST", "/admin/jobs", Some(json!({"id": id}))).await;
+    assert_eq!(s, 409);
+}
+
+/// Sends `n` sync deliveries through `sc` and waits until each completed.
+async fn completed(sc: &Sidecar, app: &App, n: usize) -> Vec<Delivery> {
+    let ds: Vec<Delivery> = (0..n).map(|_| Delivery::fresh()).collect();
+    for d in &ds {
+        assert_eq!(sc.send(d).await.status, 200);
+    }
+    app.probe.wait_for_ok(n, 10 * SEC).await;
+    ds
+}
+
+/// Completes `n` deliveries through `sc`, starts a replay job of them all there (each
+/// replay taking 150 ms at the application) and waits until `replayed` of them reached
+/// it; the deliveries and the job as started.
+async fn replay_all_and_wait(
+    sc: &Sidecar,
+    app: &App,
+    n: usize,
+    replayed: usize,
+) -> (Vec<Delivery>, Value) {
+    let ds = completed(sc, app, n).await;
+    app.delay.store(150, Ordering::SeqCst);
+    let (s, started) = call(
+        sc,
+        "POST",
+        "/admin/jobs",
+        Some(json!({"kind": "replay", "route": ROUTE})),
+    )
+    .await;
+    assert_eq!((s, &started["total"]), (202, &json!(n)), "{started}");
+    let end = Instant::now() + 20 * SEC;
+    while app.probe.calls().len() < n + replayed {
+        assert!(Instant::now() < end, "the job never got going");
+        tokio::time::sleep(SEC / 20).await;
+    }
+    (ds, started)
+}
+
+/// Checks that no delivery was forwarded more than twice (once, then at most one
+/// replay), and that the replays forwarded match the job's count.
+fn assert_no_double_replay(app: &App, ds: &[Delivery], job: &Value) {
+    let per = calls_per_key(&app.probe.calls(), PATH);
+    let twice = ds
+        .iter()
+        .filter(|d| per[&format!("{ROUTE}:{}", d.id)].0 == 2)
+        .count() as u64;
+    for d in ds {
+        let n = per[&format!("{ROUTE}:{}", d.id)].0;
+        assert!(n <= 2, "{} forwarded {n} times", d.id);
+    }
+    let (done, failed) = (
+        job["done"].as_u64().unwrap(),
+        job["failed"].as_u64().unwrap(),
+    );
+    assert_eq!(done + failed, ds.len() as u64, "{job}");
+    assert!(
+        failed <= 1,
+        "only the item in hand at the kill may be lost: {job}"
+    );
+    assert!(
+        twice >= done && twice <= done + failed,
+        "{twice} replayed, {job}"
+    );
+}
+
+/// A replay job's sidecar is killed mid-job: the other sidecar takes the job over
+/// once its heartbeat is stale and finishes it, replaying nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_sidecar_dies_is_finished_by_another_without_replaying_twice() {
+    let redis = RedisServer::start_new();
+    let app = app().await;
+    let mut a = builder_with_queue(&app, &redis).start().await;
+    let b = builder_with_queue(&app, &redis).start().await;
+    let (ds, started) = replay_all_and_wait(&a, &app, 30, 8).await;
+    let id = started["id"].as_str().unwrap().to_string();
+    a.kill9();
+    let job = wait_job(
+        "taken over",
+        60 * SEC,
+        async || call(&b, "GET", &format!("/admin/jobs/{id}"), None).await.1,
+        "done",
+    )
+    .await;
+    assert_ne!(
+        job["owner"], started["owner"],
+        "finished by the other sidecar: {job}"
+    );
+    assert_no_double_replay(&app, &ds, &job);
+}
+
+/// The only sidecar dies mid-job: the job shows `interrupted`; started again from the
+/// CLI it is finished by the next sidecar that comes up, replaying nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_job_finishes_when_started_again() {
+    let redis = RedisServer::start_new();
+    let app = app().await;
+    let mut a = builder_with_queue(&app, &redis).start().await;
+    let cli = Cli::new(&a);
+    let (ds, started) = replay_all_and_wait(&a, &app, 20, 5).await;
+    let id = started["id"].as_str().unwrap().to_string();
+    a.kill9();
+    wait_job(
+        "stale",
+        30 * SEC,
+        async || cli.json(&["jobs", "show", &id]),
+        "interrupted",
+    )
+    .await;
+    let again = cli.json(&["jobs", "start", "--id", &id]);
+    assert_eq!(again["state"], "running", "{again}");
+    let _b = builder_with_queue(&app, &redis).start().await;
+    let job = wait_job(
+        "restarted",
+        60 * SEC,
+        async || cli.json(&["jobs", "show", &id]),
+        "done",
+    )
+    .await;
+    assert_no_double_replay(&app, &ds, &job);
+}
