@@ -210,6 +210,24 @@ def load(args):
     print(f"ok: sent {n} deliveries twice and 3 wrongly signed ones")
 
 
+def load_async(args):
+    """load-async URL SECRET N: N unique signed deliveries to an async route, each
+    acknowledged (200) once queued; the sidecar's worker then delivers them."""
+    url, secret, n = args[0], args[1], int(args[2])
+    run = f"{int(time.time())}"
+    for i in range(n):
+        msg_id = f"msg_k8s_checks_async_{run}_{i}"
+        body = json.dumps({"type": "invoice.paid", "data": {"id": msg_id}}).encode()
+        ts = int(time.time())
+        status, _ = post(url, body, {
+            "content-type": "application/json", "webhook-id": msg_id,
+            "webhook-timestamp": str(ts), "webhook-signature": sign(secret, msg_id, ts, body),
+        })
+        if status != 200:
+            fail(f"async delivery {msg_id}: {status}, want 200 (acknowledged)")
+    print(f"ok: {n} deliveries acknowledged by the async route")
+
+
 def upstream(args):
     """upstream PORT: a tiny application on 127.0.0.1 that answers every POST 200."""
     class Handler(BaseHTTPRequestHandler):
@@ -374,7 +392,7 @@ def crd_kinds_only(args):
 COMMANDS = {
     "free-port": free_port, "preserved": preserved, "same-sidecar": same_sidecar,
     "check-sidecar": check_sidecar, "extract-rules": extract_rules, "load": load,
-    "upstream": upstream, "wait-http": wait_http, "wait-up": wait_up, "prometheus-scraped": prometheus_scraped,
+    "upstream": upstream, "load-async": load_async, "wait-http": wait_http, "wait-up": wait_up, "prometheus-scraped": prometheus_scraped,
     "dashboard-queries": dashboard_queries, "metric-names": metric_names,
     "crd-kinds-only": crd_kinds_only, "flatten-lists": flatten_lists,
 }
