@@ -326,6 +326,28 @@ async fn lock_once<Q: QueueBackend>(
     }
 }
 
+/// A finished job is listed for `JOB_TTL` after its creation, then forgotten when a new
+/// job is created: the listing does not grow with every job ever run.
+async fn old_jobs_leave_the_listing<Q: QueueBackend>(q: Q) {
+    let eight_days = 8 * 24 * 3600 * 1000;
+    let old = JobRecord {
+        state: JobState::Done,
+        ..job("old", "a", unix_millis() - eight_days)
+    };
+    q.job_create(&old, &[]).await.unwrap();
+    q.job_create(&job("new", "a", unix_millis()), &[])
+        .await
+        .unwrap();
+    let ids: Vec<String> = q
+        .job_list(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ids, ["new"]);
+}
+
 /// An attempt given back with a refund is not counted: the next lock is the same
 /// attempt number.
 async fn a_refunded_attempt_is_not_counted<Q: QueueBackend>(q: Q) {
@@ -376,6 +398,7 @@ conformance!(
     the_bucket_holds_rate_and_burst,
     order_values_go_one_at_a_time_in_queue_order,
     jobs_are_marked_once_and_taken_over_when_stale,
+    old_jobs_leave_the_listing,
     a_refunded_attempt_is_not_counted,
 );
 

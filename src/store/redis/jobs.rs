@@ -143,7 +143,14 @@ impl Jobs for RedisQueue {
             }
             let mut add = redis::cmd("ZADD");
             add.arg(self.jobs_index()).arg(job.created).arg(&job.id);
-            self.query::<Value>(add).await.map(|_| ())
+            self.query::<Value>(add).await?;
+            // The index forgets jobs created more than JOB_TTL ago (their keys are gone
+            // by then, or soon), so it does not grow with every job ever run.
+            let mut trim = redis::cmd("ZREMRANGEBYSCORE");
+            trim.arg(self.jobs_index())
+                .arg("-inf")
+                .arg(format!("({}", job.created.saturating_sub(ms(JOB_TTL))));
+            self.query::<Value>(trim).await.map(|_| ())
         })
     }
 
