@@ -1,7 +1,7 @@
 //! The pacing state (pause, Retry-After holds, the token bucket, concurrency slots,
-//! per-order-value order) and the bulk jobs' storage, one suite run against both
-//! stores: Redis on a private `redis-server` (where two handles stand for two sidecars
-//! sharing it) and the in-process queue. Each case is written once, generic over
+//! per-order-value order) and the bulk jobs' storage, one suite run against every
+//! store: Redis on a private `redis-server` (where two handles stand for two sidecars
+//! sharing it), a three-master Redis Cluster, and the in-process queue. Each case is written once, generic over
 //! `QueueBackend`, and instantiated for both by the macro at the bottom.
 
 use std::time::{Duration, Instant};
@@ -27,6 +27,15 @@ fn redis_queue() -> (RedisQueue, Option<RedisServer>) {
     let store =
         RedisStore::new(&redis.url(), "pc", lifetimes(), Duration::from_secs(2)).expect("store");
     (RedisQueue::new(store), Some(redis))
+}
+
+/// A three-master Redis Cluster: a route's keys (queue, pacing, order lists) and a
+/// job's keys each share one slot, the jobs' index lives elsewhere.
+fn cluster_queue() -> (RedisQueue, crate::common::cluster::RedisCluster) {
+    let cluster = crate::common::cluster::RedisCluster::start(3, 0);
+    let store =
+        RedisStore::new(&cluster.url(), "pc", lifetimes(), Duration::from_secs(2)).expect("store");
+    (RedisQueue::new(store), cluster)
 }
 
 fn memory_queue() -> (MemoryQueue, Option<RedisServer>) {
@@ -376,6 +385,15 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $case() {
                     let (q, _redis) = super::redis_queue();
+                    super::$case(q).await;
+                }
+            )*
+        }
+        mod cluster_pacing {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (q, _cluster) = super::cluster_queue();
                     super::$case(q).await;
                 }
             )*
