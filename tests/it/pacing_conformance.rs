@@ -448,3 +448,19 @@ async fn redis_pacing_is_shared_between_sidecars() {
     assert_eq!(a.admit(ROUTE, one("a")).await.unwrap(), Admit::Go);
     assert_eq!(b.admit(ROUTE, one("b")).await.unwrap(), Admit::Busy);
 }
+
+/// Every key of a job lives a bounded time from its first write, also the item marks
+/// of a runner that died before its first heartbeat.
+#[tokio::test]
+async fn redis_a_jobs_keys_all_expire() {
+    let (q, redis) = redis_queue();
+    let redis = redis.unwrap();
+    q.job_create(&job("j", "a", unix_millis()), &["k".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(q.job_mark("j", "a", "k").await.unwrap(), Mark::Fresh);
+    for key in ["pc:job:{j}", "pc:job:{j}:work", "pc:job:{j}:marks"] {
+        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}

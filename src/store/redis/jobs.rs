@@ -238,7 +238,8 @@ impl Jobs for RedisQueue {
             let k = self.job_keys(id);
             let call = Call::new(&scripts().mark, &[&k.meta, &k.marks])
                 .arg(owner)
-                .arg(item);
+                .arg(item)
+                .arg(ms(JOB_TTL));
             let reply = self.script(call).await?;
             let parts = match &reply {
                 Value::Array(a) => a.as_slice(),
