@@ -453,6 +453,7 @@ async fn redis_pacing_is_shared_between_sidecars() {
 /// of a runner that died before its first heartbeat.
 #[tokio::test]
 async fn redis_a_jobs_keys_all_expire() {
+    use idemgate::store::jobs::Jobs;
     let (q, redis) = redis_queue();
     let redis = redis.unwrap();
     q.job_create(&job("j", "a", unix_millis()), &["k".to_string()])
