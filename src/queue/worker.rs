@@ -53,7 +53,7 @@ impl AsyncMode {
             match self.backend.route_state(&state.route.name).await {
                 Ok(r) => m.paused.set(i64::from(r.paused)),
                 Err(e) => {
-                    tracing::debug!(route = &*state.route.name, error = %e, "queue stats failed")
+                    tracing::debug!(route = &*state.route.name, error = %e, "reading the route's paused state failed")
                 }
             }
             tokio::select! {

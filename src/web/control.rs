@@ -205,6 +205,10 @@ pub(crate) async fn handle<S: Store>(
                 );
             };
             let now = unix_millis();
+            match rest.first() {
+                None => audit(&caller.who, "list_jobs", "-", "-", "ok"),
+                Some(id) => audit(&caller.who, "show_job", "-", id, "ok"),
+            }
             match rest {
                 [] => match jobs.backend().job_list(100).await {
                     Ok(list) => json(

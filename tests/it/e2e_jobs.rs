@@ -272,6 +272,13 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
     }
     let (_, list) = call(&b, "GET", "/admin/jobs", None).await;
     assert_eq!(list["jobs"].as_array().unwrap().len(), 2, "{list}");
+    // Reading jobs is an admin action like any other: audited (the log is written in
+    // batches, so wait for it).
+    wait_until(5 * SEC, "job reads audited", || {
+        let log = b.stderr();
+        log.contains("action=\"list_jobs\"") && log.contains("action=\"show_job\"")
+    })
+    .await;
     assert_eq!(
         cli.json(&["jobs", "list"])["jobs"]
             .as_array()
