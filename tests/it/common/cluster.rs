@@ -313,7 +313,13 @@ impl RedisCluster {
             .expect("CLUSTER KEYSLOT");
         for line in n.cli(&["CLUSTER", "NODES"]).lines() {
             let f: Vec<&str> = line.split(' ').collect();
-            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+            // Flags are comma-separated; `fail?` (suspected by this node only) still owns
+            // its slots, `fail` (agreed) does not.
+            if f.len() < 9 {
+                continue;
+            }
+            let flags: Vec<&str> = f[2].split(',').collect();
+            if !flags.contains(&"master") || flags.contains(&"fail") {
                 continue;
             }
             for range in &f[8..] {
