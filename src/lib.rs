@@ -44,4 +44,5 @@ pub use answer::retry_after_secs;
 pub use deliveries::cli::{DeliveriesArgs, main as deliveries_main};
 pub use deliveries::ops_cli::{JobsArgs, RoutesArgs, jobs_main, routes_main};
 pub use demo::run as run_demo;
+pub use inject::injector::{InjectorArgs, run as run_injector};
 pub use inject::{InjectArgs, main as inject_main};

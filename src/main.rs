@@ -31,6 +31,9 @@ enum Command {
     Demo,
     /// Add the idemgate sidecar to Kubernetes YAML (file or stdin) and print it.
     Inject(idemgate::InjectArgs),
+    /// The Kubernetes admission webhook: injects the sidecar into pods as they are
+    /// created (POST /mutate over HTTPS), as `inject` would.
+    Injector(idemgate::InjectorArgs),
     /// Operator tools on the delivery log (Redis): list, show, forget, replay.
     Deliveries(idemgate::DeliveriesArgs),
     /// Async routes as a whole (Redis): list, pause, resume.
@@ -102,6 +105,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Inject(args) => idemgate::inject_main(args),
+        Command::Injector(args) => {
+            let _log_guard = match init_logging("info") {
+                Ok(g) => g,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let shutdown = idemgate::server::shutdown_signal();
+            match runtime(2).block_on(idemgate::run_injector(args, shutdown)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("idemgate injector: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Deliveries(args) => {
             // Admin actions are logged (target idemgate::audit) to stderr.
             let _log_guard = init_logging("warn,idemgate::audit=info").ok();

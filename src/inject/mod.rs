@@ -15,7 +15,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod emit;
+pub mod injector;
+mod patch;
 mod pod;
+mod review;
 #[cfg(test)]
 mod tests;
 
@@ -37,12 +40,20 @@ pub const SECRETS_DIR: &str = "/var/run/secrets/idemgate";
 /// The pod label of injected pods (selected by k8s/base's Services and PodMonitor).
 pub const POD_LABEL: &str = "idemgate.io/webhooks";
 
-/// The command line of `idemgate inject`.
-#[derive(Debug, Clone, clap::Args)]
+/// The command line of `idemgate inject`: the input, and the sidecar's options.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct InjectArgs {
     /// Kubernetes YAML to inject (`-` or nothing: standard input). The result goes to
     /// standard output; notes go to standard error.
     pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub sidecar: SidecarOptions,
+}
+
+/// What the added sidecar looks like: shared by `idemgate inject` (flags) and the
+/// admission webhook (its flags are the defaults, pod annotations override a few).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SidecarOptions {
     /// The idemgate image.
     #[arg(long, default_value = DEFAULT_IMAGE)]
     pub image: String,
@@ -74,16 +85,45 @@ pub struct InjectArgs {
     /// terminationGracePeriodSeconds is raised to cover it.
     #[arg(long, default_value = "25s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// The sidecar's CPU request (a Kubernetes quantity, e.g. `100m`); it also drops
+    /// the CPU limit, which would otherwise have to stay above it. Default: request
+    /// 50m, limit 500m.
+    #[arg(long, value_parser = parse_quantity)]
+    pub cpu: Option<String>,
+    /// The sidecar's memory request and limit (a quantity, e.g. `64Mi`). Default:
+    /// request 32Mi, limit 128Mi.
+    #[arg(long, value_parser = parse_quantity)]
+    pub memory: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
-impl Default for InjectArgs {
+/// A Kubernetes resource quantity as the sidecar's requests take it: a positive
+/// decimal with an optional SI or binary suffix (`250m`, `0.5`, `64Mi`, `1G`).
+pub fn parse_quantity(s: &str) -> Result<String, String> {
+    const SUFFIXES: &[&str] = &[
+        "", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei",
+    ];
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &s[digits.len()..];
+    let number_ok = !digits.is_empty()
+        && digits.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && digits.matches('.').count() <= 1
+        && digits.chars().any(|c| c.is_ascii_digit() && c != '0');
+    if number_ok && SUFFIXES.contains(&suffix) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "`{s}` is not a positive Kubernetes quantity (e.g. 100m, 0.5, 64Mi)"
+        ))
+    }
+}
+
+impl Default for SidecarOptions {
     fn default() -> Self {
-        InjectArgs {
-            file: None,
+        SidecarOptions {
             image: DEFAULT_IMAGE.to_string(),
             config_map: "idemgate".to_string(),
             secret: "idemgate-secrets".to_string(),
@@ -92,6 +132,8 @@ impl Default for InjectArgs {
             admin_port: None,
             classic: false,
             shutdown_grace: Duration::from_secs(25),
+            cpu: None,
+            memory: None,
         }
     }
 }
@@ -127,7 +169,7 @@ pub fn main(args: InjectArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match inject(&input, &args) {
+    match inject(&input, &args.sidecar) {
         Ok(out) => {
             for n in &out.notes {
                 eprintln!("idemgate inject: note: {n}");
@@ -161,7 +203,7 @@ fn read_stdin() -> Result<String, InjectError> {
 }
 
 /// Injects every workload of a (multi-document) YAML text.
-pub fn inject(input: &str, args: &InjectArgs) -> Result<Injected, InjectError> {
+pub fn inject(input: &str, args: &SidecarOptions) -> Result<Injected, InjectError> {
     let mut out = Injected::default();
     let mut docs = Vec::new();
     for (i, de) in serde_norway::Deserializer::from_str(input).enumerate() {
@@ -221,7 +263,7 @@ pub(super) fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 /// Injects one object (recursing into `kind: List`); returns how many pods it injected.
 fn inject_object(
     obj: &mut Value,
-    args: &InjectArgs,
+    args: &SidecarOptions,
     place: &str,
     notes: &mut Vec<String>,
 ) -> Result<usize, InjectError> {

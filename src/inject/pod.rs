@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_norway::{Mapping, Value};
 
-use super::{CONFIG_DIR, CONFIG_FILE, CONTAINER, InjectArgs, POD_LABEL, SECRETS_DIR, str_of};
+use super::{CONFIG_DIR, CONFIG_FILE, CONTAINER, POD_LABEL, SECRETS_DIR, SidecarOptions, str_of};
 
 const CONFIG_VOLUME: &str = "idemgate-config";
 const SECRETS_VOLUME: &str = "idemgate-secrets";
@@ -16,6 +16,11 @@ const DEFAULT_ADMIN_PORT: u16 = 9090;
 /// The preStop sleep: long enough for the pod's endpoints to be withdrawn from the
 /// Service before idemgate stops accepting deliveries.
 const PRE_STOP_SECONDS: u64 = 5;
+/// The sidecar's resources unless `--cpu`/`--memory` (or the pod's annotations) say.
+const DEFAULT_CPU_REQUEST: &str = "50m";
+const DEFAULT_CPU_LIMIT: &str = "500m";
+const DEFAULT_MEMORY_REQUEST: &str = "32Mi";
+const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
 /// Slack on top of preStop + shutdown_grace before the kubelet sends SIGKILL.
 const GRACE_MARGIN_SECONDS: u64 = 5;
 
@@ -79,7 +84,7 @@ fn describe(d: &Declared) -> String {
 
 /// The app's port: `--upstream-port` (a number or a declared port name), or else the
 /// only port the app containers declare.
-fn upstream_port(args: &InjectArgs, app_ports: &[Declared]) -> Result<u16, String> {
+fn upstream_port(args: &SidecarOptions, app_ports: &[Declared]) -> Result<u16, String> {
     match args.upstream_port.as_deref() {
         Some(s) => {
             if let Ok(n) = s.parse::<u16>() {
@@ -149,7 +154,7 @@ fn yaml_str(s: &str) -> String {
 }
 
 /// The sidecar container, from a YAML template so it reads like the manifest it is.
-fn sidecar(args: &InjectArgs, webhooks: u16, admin: u16, upstream: u16) -> Value {
+fn sidecar(args: &SidecarOptions, webhooks: u16, admin: u16, upstream: u16) -> Value {
     let restart = if args.classic {
         String::new()
     } else {
@@ -215,11 +220,10 @@ lifecycle:
       seconds: {PRE_STOP_SECONDS}
 resources:
   requests:
-    cpu: 50m
-    memory: 32Mi
+    cpu: {cpu_request}
+    memory: {memory_request}
   limits:
-    cpu: 500m
-    memory: 128Mi
+{cpu_limit}    memory: {memory_limit}
 securityContext:
   runAsNonRoot: true
   runAsUser: 65532
@@ -233,11 +237,20 @@ securityContext:
 "#,
         image = yaml_str(&args.image),
         secret = yaml_str(&args.secret),
+        cpu_request = yaml_str(args.cpu.as_deref().unwrap_or(DEFAULT_CPU_REQUEST)),
+        // A CPU request of the user's own drops the limit: a limit must stay above its
+        // request, and a throttled proxy adds latency to every delivery.
+        cpu_limit = match args.cpu {
+            Some(_) => String::new(),
+            None => format!("    cpu: {DEFAULT_CPU_LIMIT}\n"),
+        },
+        memory_request = yaml_str(args.memory.as_deref().unwrap_or(DEFAULT_MEMORY_REQUEST)),
+        memory_limit = yaml_str(args.memory.as_deref().unwrap_or(DEFAULT_MEMORY_LIMIT)),
     );
     serde_norway::from_str(&text).expect("the sidecar template is valid YAML")
 }
 
-fn volumes(args: &InjectArgs) -> Vec<Value> {
+fn volumes(args: &SidecarOptions) -> Vec<Value> {
     let text = format!(
         r#"- name: {CONFIG_VOLUME}
   configMap:
@@ -276,7 +289,7 @@ fn seq_entry<'a>(map: &'a mut Mapping, key: &str) -> Result<&'a mut Vec<Value>, 
 
 pub(super) fn inject_pod(
     template: &mut Mapping,
-    args: &InjectArgs,
+    args: &SidecarOptions,
     notes: &mut Vec<String>,
     object: &str,
 ) -> Result<(), String> {

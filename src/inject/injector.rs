@@ -1,0 +1,261 @@
+//! `idemgate injector`: the mutating admission webhook. It serves `POST /mutate` over
+//! HTTPS (the API server only calls webhooks over TLS) and answers each
+//! AdmissionReview with `review::review`, which injects through the same `inject_pod`
+//! as `idemgate inject`. The certificate and key are read from files and read again
+//! when they change, as cert-manager rotates them in the mounted Secret.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use super::SidecarOptions;
+use super::review::review;
+
+/// The largest AdmissionReview accepted: a Pod is at most ~1.5 MiB in etcd, and the
+/// review carries it (and, on UPDATE, its old version) once more.
+pub const MAX_BODY: usize = 8 * 1024 * 1024;
+/// How often the certificate files are compared with what is served.
+const RELOAD_EVERY: Duration = Duration::from_secs(1);
+/// A client gets this long for its TLS handshake, then for a request's head.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// In-flight reviews get this long to finish after SIGTERM.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The command line of `idemgate injector`; the sidecar options are the defaults that
+/// a pod's annotations override.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InjectorArgs {
+    /// The serving certificate (PEM, leaf first, then its chain).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+    /// The address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub sidecar: SidecarOptions,
+}
+
+/// The certificate in use, swapped whole when the files change.
+#[derive(Debug)]
+struct Certificates {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<(Vec<u8>, Arc<CertifiedKey>)>,
+}
+
+impl Certificates {
+    fn load(cert: &Path, key: &Path) -> Result<Certificates, String> {
+        let (bytes, certified) = read_pair(cert, key)?;
+        Ok(Certificates {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: RwLock::new((bytes, certified)),
+        })
+    }
+
+    /// Reads the files again; serves them if they changed and make a valid pair.
+    /// Half-written files (cert-manager writes both) are retried at the next tick.
+    fn reload(&self) {
+        let (Ok(cert), Ok(key)) = (std::fs::read(&self.cert), std::fs::read(&self.key)) else {
+            tracing::warn!(
+                "injector: cannot read the certificate files; still serving the previous certificate"
+            );
+            return;
+        };
+        let bytes = [cert, key].concat();
+        if self.current.read().map(|c| c.0 == bytes).unwrap_or(true) {
+            return;
+        }
+        match read_pair(&self.cert, &self.key) {
+            Ok(pair) => {
+                if let Ok(mut current) = self.current.write() {
+                    *current = pair;
+                    tracing::info!("injector: certificate reloaded");
+                }
+            }
+            Err(e) => tracing::warn!("injector: {e}; still serving the previous certificate"),
+        }
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok().map(|c| c.1.clone())
+    }
+}
+
+/// The files' bytes (to notice a change) and the key pair they make.
+fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, Arc<CertifiedKey>), String> {
+    let cert_pem =
+        std::fs::read(cert).map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    let key_pem = std::fs::read(key).map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "--tls-cert {}: no certificate in the file",
+            cert.display()
+        ));
+    }
+    let private = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let certified = CertifiedKey::from_der(chain, private, &provider)
+        .map_err(|e| format!("--tls-cert and --tls-key do not make a key pair: {e}"))?;
+    Ok(([cert_pem, key_pem].concat(), Arc::new(certified)))
+}
+
+/// Serves until `shutdown` resolves; an error only when it cannot start.
+pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let certificates = Arc::new(Certificates::load(&args.tls_cert, &args.tls_key)?);
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS: {e}"))?
+    .with_no_client_auth()
+    .with_cert_resolver(certificates.clone());
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%local, "injector: serving POST /mutate over HTTPS");
+
+    let reloader = {
+        let certificates = certificates.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RELOAD_EVERY);
+            loop {
+                tick.tick().await;
+                let c = certificates.clone();
+                let _ = tokio::task::spawn_blocking(move || c.reload()).await;
+            }
+        })
+    };
+    let defaults = Arc::new(args.sidecar);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HANDSHAKE_TIMEOUT);
+    let connections = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // Out of file descriptors and the like: don't spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let defaults = defaults.clone();
+                let builder = builder.clone();
+                connections.spawn(async move {
+                    let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await else {
+                        return;
+                    };
+                    let svc = service_fn(move |req| {
+                        let defaults = defaults.clone();
+                        async move { Ok::<_, Infallible>(handle(req, &defaults).await) }
+                    });
+                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    connections.close();
+    if tokio::time::timeout(DRAIN, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("injector: connections still open after {DRAIN:?}; stopping anyway");
+    }
+    reloader.abort();
+    Ok(())
+}
+
+/// One request: `POST /mutate` is reviewed, `GET /healthz` answers for probes.
+async fn handle(req: Request<Incoming>, defaults: &SidecarOptions) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/mutate") => {}
+        (&Method::GET, "/healthz") => return plain(StatusCode::OK, "ok\n"),
+        (_, "/mutate") => {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "POST an AdmissionReview\n");
+        }
+        _ => return plain(StatusCode::NOT_FOUND, "not found\n"),
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return too_large();
+        }
+        Err(e) => {
+            tracing::debug!("injector: reading a request: {e}");
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read\n",
+            );
+        }
+    };
+    let answer = review(&body, defaults);
+    if let Some(w) = answer.pointer("/response/warnings") {
+        tracing::info!(uid = %answer["response"]["uid"], warnings = %w, "injector: admitted with warnings");
+    }
+    let mut r = Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(&answer).unwrap_or_default(),
+    )));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn too_large() -> Response<Full<Bytes>> {
+    plain(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("an AdmissionReview is at most {MAX_BODY} bytes\n"),
+    )
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(text.to_string())));
+    *r.status_mut() = status;
+    r
+}
