@@ -1,6 +1,6 @@
-// Validates Prometheus Operator custom resources (ServiceMonitor, PodMonitor,
-// PrometheusRule) against the operator's CRD schemas, as generated into
-// @kubernetes-models/prometheus-operator. Usage: node k8s-crds.mjs NODE_DIR FILE.json...
+// Validates custom resources against their CRD schemas, as generated into
+// @kubernetes-models: the Prometheus Operator's (ServiceMonitor, PodMonitor,
+// PrometheusRule) and cert-manager's (Certificate, Issuer). Usage: node k8s-crds.mjs NODE_DIR FILE.json...
 // where each FILE.json holds a JSON array of Kubernetes objects. Those schemas, like
 // the CRDs they come from, check types, required fields and patterns, but do not
 // reject unknown fields (the API server prunes them instead).
@@ -8,14 +8,18 @@ import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 
 const [dir, ...files] = process.argv.slice(2);
-const v1 = await import(pathToFileURL(
-  `${dir}/node_modules/@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/index.js`).href);
+const load = (path) => import(pathToFileURL(`${dir}/node_modules/@kubernetes-models/${path}/index.js`).href);
+const models = {
+  "monitoring.coreos.com/v1": await load("prometheus-operator/monitoring.coreos.com/v1"),
+  "cert-manager.io/v1": await load("cert-manager/cert-manager.io/v1"),
+};
 let checked = 0;
 let failed = 0;
 for (const file of files) {
   for (const obj of JSON.parse(readFileSync(file, "utf8"))) {
-    if (obj.apiVersion !== "monitoring.coreos.com/v1") continue;
-    const Model = v1[obj.kind];
+    const group = models[obj.apiVersion];
+    if (!group) continue;
+    const Model = group[obj.kind];
     if (!Model) { console.error(`FAIL: ${file}: unknown kind ${obj.kind}`); failed++; continue; }
     try {
       new Model(obj).validate();

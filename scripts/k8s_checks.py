@@ -382,11 +382,107 @@ def flatten_lists(args):
 
 def crd_kinds_only(args):
     """crd-kinds-only LOG: kubernetes-validate found a schema for every kind but the
-    Prometheus Operator's (validated separately)."""
-    allowed = ("PrometheusRule", "ServiceMonitor", "PodMonitor")
+    Prometheus Operator's and cert-manager's (validated separately)."""
+    allowed = ("PrometheusRule", "ServiceMonitor", "PodMonitor", "Certificate", "Issuer")
     bad = [l for l in open(args[0]) if "Couldn't find schema" in l and not any(f"kind {k} " in l for k in allowed)]
     if bad:
         fail("no schema for:\n" + "".join(bad))
+
+
+def injector_manifests(args):
+    """injector-manifests RENDERED INJECTED: the pieces of k8s/injector fit together
+    (the webhook calls the Service on /mutate, the Service reaches the container, the
+    Certificate covers the Service's name and fills the Secret the pods mount, the CA
+    comes from that Certificate), the webhook is safe (Ignore, no side effects, v1,
+    kube-system and its own namespace excluded, a reinvocation policy), the Deployment
+    survives a drain (2 replicas, a PDB) and runs the image `idemgate inject` adds."""
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in load_all(args[0])}
+    get = lambda kind, name: objs.get((kind, name)) or fail(f"k8s/injector: no {kind}/{name}")
+    dep = get("Deployment", "idemgate-injector")
+    svc = get("Service", "idemgate-injector")
+    cert = get("Certificate", "idemgate-injector")
+    mwc = get("MutatingWebhookConfiguration", "idemgate-injector")
+    pdb = get("PodDisruptionBudget", "idemgate-injector")
+    ns = dep["metadata"]["namespace"]
+    pod = dep["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    problems = []
+    check = lambda ok, msg: ok or problems.append(msg)
+    check(dep["spec"]["replicas"] >= 2, "the Deployment has fewer than 2 replicas")
+    check(pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items(), "the PDB does not select the injector's pods")
+    check(svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items(), "the Service does not select the injector's pods")
+    check(pod["metadata"]["labels"].get("idemgate.dev/inject") == "disabled", "the injector's pods do not opt out")
+    args_ = c["args"]
+    check(args_[0] == "injector", "the container does not run `idemgate injector`")
+    flag = lambda name: next((a.split("=", 1)[1] for a in args_ if a.startswith(f"--{name}=")), None)
+    listen_port = int(flag("listen").rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    (sp,) = svc["spec"]["ports"]
+    check(ports.get(sp["targetPort"], sp["targetPort"]) == listen_port, "the Service's targetPort is not the --listen port")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    secret_vol = next(v for v in pod["spec"]["volumes"] if "secret" in v)
+    mount = mounts[secret_vol["name"]]
+    check(flag("tls-cert") == f"{mount}/tls.crt" and flag("tls-key") == f"{mount}/tls.key", "--tls-cert/--tls-key are not the mounted Secret's files")
+    check(secret_vol["secret"]["secretName"] == cert["spec"]["secretName"], "the pods mount another Secret than the Certificate's")
+    check(f"{svc['metadata']['name']}.{ns}.svc" in cert["spec"]["dnsNames"], "the Certificate does not cover the Service's name")
+    check(mwc["metadata"]["annotations"].get("cert-manager.io/inject-ca-from") == f"{ns}/{cert['metadata']['name']}", "inject-ca-from does not name the Certificate")
+    workloads = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
+    images = {sidecar_of(o)[2]["image"] for o in load_all(args[1]) if o["kind"] in workloads}
+    check(images == {c["image"]}, f"the injector runs {c['image']}, inject adds {images}")
+    for w in mwc["webhooks"]:
+        n = w["name"]
+        check(w["failurePolicy"] == "Ignore", f"{n}: failurePolicy is not Ignore")
+        check(w["sideEffects"] == "None", f"{n}: sideEffects is not None")
+        check(w["admissionReviewVersions"] == ["v1"], f"{n}: not admission.k8s.io/v1")
+        check(w.get("reinvocationPolicy") in ("IfNeeded", "Never"), f"{n}: no reinvocationPolicy")
+        s = w["clientConfig"]["service"]
+        check((s["name"], s["namespace"], s["path"], s["port"]) == (svc["metadata"]["name"], ns, "/mutate", sp["port"]), f"{n}: does not call the Service's /mutate")
+        check(w["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}], f"{n}: rules are not pod CREATE")
+        excluded = [e for e in w["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"]
+        check(excluded and {"kube-system", ns} <= set(excluded[0]["values"]), f"{n}: kube-system and {ns} are not excluded")
+    if problems:
+        fail("k8s/injector:\n  " + "\n  ".join(problems))
+    print(f"ok: k8s/injector fits together ({len(mwc['webhooks'])} webhooks, namespace {ns})")
+
+
+def injector_tls(args):
+    """injector-tls PORT SNI CA: an injector on 127.0.0.1:PORT, reached by the name SNI
+    and trusted through CA alone (as the API server does with the webhook's
+    caBundle), injects a Pod."""
+    import ssl
+    port, sni, ca = int(args[0]), args[1], args[2]
+    review = {
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "k8s-checks", "operation": "CREATE", "namespace": "default",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "app-"},
+                       "spec": {"containers": [{"name": "app", "image": "app", "ports": [{"containerPort": 3000}]}]}},
+        },
+    }
+    ctx = ssl.create_default_context(cafile=ca)
+    deadline = time.time() + 20
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with ctx.wrap_socket(raw, server_hostname=sni) as s:
+                    body = json.dumps(review).encode()
+                    s.sendall(b"POST /mutate HTTP/1.1\r\nHost: " + sni.encode() + b"\r\nConnection: close\r\n"
+                              b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    data = b""
+                    while chunk := s.recv(65536):
+                        data += chunk
+            break
+        except ConnectionRefusedError:
+            if time.time() > deadline:
+                fail(f"no injector on port {port}")
+            time.sleep(0.2)
+    head, _, body = data.partition(b"\r\n\r\n")
+    response = json.loads(body)["response"]
+    if b" 200 " not in head.split(b"\r\n")[0] or response.get("uid") != "k8s-checks" or response.get("patchType") != "JSONPatch":
+        fail(f"the injector did not inject: {head[:80]!r} {response}")
+    print(f"ok: the injector serves {sni} with make-certs.sh's certificate and injects a Pod")
 
 
 COMMANDS = {
@@ -395,6 +491,7 @@ COMMANDS = {
     "upstream": upstream, "load-async": load_async, "wait-http": wait_http, "wait-up": wait_up, "prometheus-scraped": prometheus_scraped,
     "dashboard-queries": dashboard_queries, "metric-names": metric_names,
     "crd-kinds-only": crd_kinds_only, "flatten-lists": flatten_lists,
+    "injector-manifests": injector_manifests, "injector-tls": injector_tls,
 }
 
 if __name__ == "__main__":

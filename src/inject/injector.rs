@@ -36,6 +36,9 @@ const RELOAD_EVERY: Duration = Duration::from_secs(1);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// In-flight reviews get this long to finish after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(10);
+/// Connections served at once; more are closed at once. The API server keeps a few
+/// per replica; the bound keeps anything else in the cluster from exhausting memory.
+const MAX_CONNECTIONS: usize = 512;
 
 /// The command line of `idemgate injector`; the sidecar options are the defaults that
 /// a pod's annotations override.
@@ -161,6 +164,7 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
         .timer(TokioTimer::new())
         .header_read_timeout(HANDSHAKE_TIMEOUT);
     let connections = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -170,10 +174,15 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!("injector: {MAX_CONNECTIONS} connections open; one closed");
+                    continue;
+                };
                 let acceptor = acceptor.clone();
                 let defaults = defaults.clone();
                 let builder = builder.clone();
                 connections.spawn(async move {
+                    let _slot = slot;
                     let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await else {
                         return;
                     };
