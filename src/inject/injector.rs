@@ -21,24 +21,33 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
 use tokio_util::task::TaskTracker;
 
 use super::SidecarOptions;
-use super::review::review;
+use super::review::{Reviewed, review};
 
-/// The largest AdmissionReview accepted: a Pod is at most ~1.5 MiB in etcd, and the
-/// review carries it (and, on UPDATE, its old version) once more.
-pub const MAX_BODY: usize = 8 * 1024 * 1024;
+/// The largest AdmissionReview accepted: the API server's own limit on a request's
+/// body, so no pod it accepted is refused here.
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+/// Reviews parsed at once: with the body limit, what bounds the injector's memory
+/// (see the Deployment's limit in k8s/injector/base/deployment.yaml).
+const MAX_REVIEWS: usize = 2;
+/// A request's whole time: reading its body (a slow sender), waiting for a review
+/// slot, the review itself.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection is closed gracefully at this age, so no client holds a slot forever.
+const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
 /// How often the certificate files are compared with what is served.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
 /// A client gets this long for its TLS handshake, then for a request's head.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// In-flight reviews get this long to finish after SIGTERM.
+/// Connections get this long to finish their requests and close after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(10);
 /// Connections served at once; more are closed at once. The API server keeps a few
 /// per replica; the bound keeps anything else in the cluster from exhausting memory.
-const MAX_CONNECTIONS: usize = 512;
+const MAX_CONNECTIONS: usize = 128;
 
 /// The command line of `idemgate injector`; the sidecar options are the defaults that
 /// a pod's annotations override.
@@ -157,14 +166,23 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
             }
         })
     };
-    let defaults = Arc::new(args.sidecar);
+    let reviewer = Arc::new(Reviewer {
+        defaults: args.sidecar,
+        reviews: Semaphore::new(MAX_REVIEWS),
+    });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HANDSHAKE_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(10));
     let connections = TaskTracker::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (stop, stopping) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -179,24 +197,21 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
                     continue;
                 };
                 let acceptor = acceptor.clone();
-                let defaults = defaults.clone();
+                let reviewer = reviewer.clone();
                 let builder = builder.clone();
+                let stopping = stopping.clone();
                 connections.spawn(async move {
                     let _slot = slot;
-                    let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await else {
-                        return;
-                    };
-                    let svc = service_fn(move |req| {
-                        let defaults = defaults.clone();
-                        async move { Ok::<_, Infallible>(handle(req, &defaults).await) }
-                    });
-                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                    serve(Connection { stream, acceptor, reviewer, builder, stopping }).await;
                 });
             }
             _ = &mut shutdown => break,
         }
     }
+    // The Deployment's preStop has kept it accepting while the endpoints were
+    // withdrawn; now every connection finishes the request it is serving and closes.
     drop(listener);
+    let _ = stop.send(true);
     connections.close();
     if tokio::time::timeout(DRAIN, connections.wait())
         .await
@@ -208,8 +223,60 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
     Ok(())
 }
 
+/// What every request needs: the sidecar's defaults and the bound on reviews at once.
+struct Reviewer {
+    defaults: SidecarOptions,
+    reviews: Semaphore,
+}
+
+/// One accepted TCP connection and what serving it takes.
+struct Connection {
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    reviewer: Arc<Reviewer>,
+    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    stopping: watch::Receiver<bool>,
+}
+
+/// TLS, then HTTP until the client closes, the connection reaches its age limit or
+/// the injector stops (both close it gracefully: the request in hand is answered).
+async fn serve(c: Connection) {
+    let Connection {
+        stream,
+        acceptor,
+        reviewer,
+        builder,
+        mut stopping,
+    } = c;
+    let tls = tokio::select! {
+        tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match tls {
+            Ok(Ok(tls)) => tls,
+            _ => return,
+        },
+        _ = stopping.wait_for(|s| *s) => return,
+    };
+    let svc = service_fn(move |req| {
+        let reviewer = reviewer.clone();
+        async move {
+            let answer = tokio::time::timeout(REQUEST_TIMEOUT, handle(req, &reviewer)).await;
+            Ok::<_, Infallible>(answer.unwrap_or_else(|_| {
+                plain(StatusCode::REQUEST_TIMEOUT, "the request took too long\n")
+            }))
+        }
+    });
+    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = stopping.wait_for(|s| *s) => {}
+        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(REQUEST_TIMEOUT, conn).await;
+}
+
 /// One request: `POST /mutate` is reviewed, `GET /healthz` answers for probes.
-async fn handle(req: Request<Incoming>, defaults: &SidecarOptions) -> Response<Full<Bytes>> {
+async fn handle(req: Request<Incoming>, reviewer: &Reviewer) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/mutate") => {}
         (&Method::GET, "/healthz") => return plain(StatusCode::OK, "ok\n"),
@@ -226,6 +293,10 @@ async fn handle(req: Request<Incoming>, defaults: &SidecarOptions) -> Response<F
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return too_large();
     }
+    // The permit bounds the memory of reviews at once: the body, and its parsed copies.
+    let Ok(_permit) = reviewer.reviews.acquire().await else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n");
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e)
@@ -242,9 +313,15 @@ async fn handle(req: Request<Incoming>, defaults: &SidecarOptions) -> Response<F
             );
         }
     };
-    let answer = review(&body, defaults);
+    let Reviewed { answer, notes } = review(&body, &reviewer.defaults);
+    drop(body);
+    for note in notes {
+        tracing::info!(uid = %answer["response"]["uid"], "injector: {note}");
+    }
     if let Some(w) = answer.pointer("/response/warnings") {
-        tracing::info!(uid = %answer["response"]["uid"], warnings = %w, "injector: admitted with warnings");
+        // For a pod a controller creates, nobody sees the API server's warning: this
+        // line is where "why has this pod no sidecar" is answered.
+        tracing::warn!(uid = %answer["response"]["uid"], warnings = %w, "injector: admitted unchanged");
     }
     let mut r = Response::new(Full::new(Bytes::from(
         serde_json::to_vec(&answer).unwrap_or_default(),

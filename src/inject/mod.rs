@@ -21,6 +21,7 @@ mod pod;
 mod review;
 #[cfg(test)]
 mod tests;
+mod view;
 
 use serde::Deserialize;
 use serde_norway::Value;
@@ -116,7 +117,7 @@ pub fn parse_quantity(s: &str) -> Result<String, String> {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "`{s}` is not a positive Kubernetes quantity (e.g. 100m, 0.5, 64Mi)"
+            "{s:?} is not a positive Kubernetes quantity (e.g. 100m, 0.5, 64Mi)"
         ))
     }
 }

@@ -97,7 +97,7 @@ fn upstream_port(args: &SidecarOptions, app_ports: &[Declared]) -> Result<u16, S
                 .iter()
                 .find(|d| d.name.as_deref() == Some(s))
                 .map(|d| d.port)
-                .ok_or_else(|| format!("--upstream-port `{s}` is neither a port number nor a port name the app declares"))
+                .ok_or_else(|| format!("--upstream-port {s:?} is neither a port number nor a port name the app declares"))
         }
         None => match app_ports {
             [only] => Ok(only.port),

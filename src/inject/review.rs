@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::patch::diff;
 use super::pod::{has_idemgate, inject_pod};
+use super::view::{MetaView, PodView, Review, UidOnly};
 use super::{SidecarOptions, parse_quantity};
 
 /// The label or annotation that opts a pod out (`disabled`); `enabled` on a namespace
@@ -23,40 +24,49 @@ pub const CPU: &str = "idemgate.dev/cpu";
 pub const MEMORY: &str = "idemgate.dev/memory";
 
 const API_VERSION: &str = "admission.k8s.io/v1";
+/// The annotation of a static pod's mirror in the API.
+const MIRROR: &str = "kubernetes.io/config.mirror";
 
-/// What to answer: the patch (none: the pod is admitted as it is) and the warnings.
+/// What to answer: the patch (none: the pod is admitted as it is), the warnings, and
+/// the injection's notes.
 #[derive(Debug, Default)]
 struct Answer {
     patch: Option<Vec<Value>>,
     warnings: Vec<String>,
+    notes: Vec<String>,
 }
 
 impl Answer {
     fn unchanged(why: impl Into<String>) -> Answer {
         Answer {
-            patch: None,
             warnings: vec![format!(
                 "idemgate: {}; the pod is admitted unchanged",
                 why.into()
             )],
+            ..Answer::default()
         }
     }
 }
 
+/// The AdmissionReview answering a request, and the notes of an injection (a moved
+/// port, a raised grace period) for the injector's log: as warnings they would be
+/// noise on every pod (the API server's default grace period is always raised).
+pub struct Reviewed {
+    pub answer: Value,
+    pub notes: Vec<String>,
+}
+
 /// The AdmissionReview answering `body`, with the request's uid when it has one.
-pub fn review(body: &[u8], defaults: &SidecarOptions) -> Value {
-    let (uid, answer) = match serde_json::from_slice::<Value>(body) {
-        Err(e) => (
-            String::new(),
-            Answer::unchanged(format!("the request is not JSON ({e})")),
-        ),
-        Ok(v) => {
-            let uid = v
-                .pointer("/request/uid")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            (uid.to_string(), decide(&v, defaults))
+pub fn review(body: &[u8], defaults: &SidecarOptions) -> Reviewed {
+    let uid = UidOnly::read(body);
+    let answer = match serde_json::from_slice::<Review>(body) {
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            Answer::unchanged(format!("the request is not JSON ({e})"))
         }
+        Err(e) => Answer::unchanged(format!(
+            "the request is not an {API_VERSION} AdmissionReview ({e})"
+        )),
+        Ok(review) => decide(review, defaults),
     };
     let mut response = json!({"uid": uid, "allowed": true});
     if let Some(ops) = answer.patch.filter(|ops| !ops.is_empty()) {
@@ -67,69 +77,77 @@ pub fn review(body: &[u8], defaults: &SidecarOptions) -> Value {
     if !answer.warnings.is_empty() {
         response["warnings"] = json!(answer.warnings);
     }
-    json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response})
+    Reviewed {
+        answer: json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}),
+        notes: answer.notes,
+    }
 }
 
-fn decide(review: &Value, defaults: &SidecarOptions) -> Answer {
-    if review.get("apiVersion").and_then(Value::as_str) != Some(API_VERSION)
-        || review.get("kind").and_then(Value::as_str) != Some("AdmissionReview")
+fn decide(review: Review, defaults: &SidecarOptions) -> Answer {
+    if review.api_version.as_deref() != Some(API_VERSION)
+        || review.kind.as_deref() != Some("AdmissionReview")
     {
         return Answer::unchanged(format!(
             "the request is not an {API_VERSION} AdmissionReview"
         ));
     }
-    let Some(req) = review.get("request").filter(|r| r.is_object()) else {
+    let Some(req) = review.request else {
         return Answer::unchanged("the AdmissionReview has no request");
     };
-    if req
-        .get("uid")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
-    {
+    if req.uid.as_deref().is_none_or(str::is_empty) {
         return Answer::unchanged("the AdmissionReview's request has no uid");
     }
-    let field = |p: &str| req.pointer(p).and_then(Value::as_str).unwrap_or_default();
-    let (group, version, kind) = (
-        field("/kind/group"),
-        field("/kind/version"),
-        field("/kind/kind"),
-    );
-    if (group, version, kind) != ("", "v1", "Pod") || !field("/subResource").is_empty() {
-        let what = [group, version, kind]
-            .iter()
+    let kind = req.kind.unwrap_or_default();
+    if (
+        kind.group.as_str(),
+        kind.version.as_str(),
+        kind.kind.as_str(),
+    ) != ("", "v1", "Pod")
+        || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+    {
+        let what = [&kind.group, &kind.version, &kind.kind]
+            .into_iter()
             .filter(|s| !s.is_empty())
-            .copied()
+            .map(String::as_str)
             .collect::<Vec<_>>()
             .join("/");
-        return Answer::unchanged(format!("only Pods are injected, not `{what}`"));
+        return Answer::unchanged(format!("only Pods are injected, not {what:?}"));
     }
-    if field("/operation") != "CREATE" {
+    let operation = req.operation.unwrap_or_default();
+    if operation != "CREATE" {
         return Answer::unchanged(format!(
-            "only a Pod's CREATE is injected, not `{}`",
-            field("/operation")
+            "only a Pod's CREATE is injected, not {operation:?}"
         ));
     }
-    let Some(pod) = req
-        .get("object")
-        .filter(|o| o.get("spec").is_some_and(Value::is_object))
-    else {
-        return Answer::unchanged("the request's object is not a Pod with a spec");
+    let pod = match req
+        .object
+        .map(|raw| serde_json::from_str::<PodView>(raw.get()))
+    {
+        Some(Ok(pod)) => pod,
+        Some(Err(e)) => {
+            return Answer::unchanged(format!("the request's object is not a Pod ({e})"));
+        }
+        None => return Answer::unchanged("the request has no object"),
     };
-    let pod_name = name_of(pod, field("/namespace"));
-    let metadata = pod.get("metadata").unwrap_or(&Value::Null);
-    let label = metadata
-        .pointer(&pointer("labels", INJECT))
-        .and_then(Value::as_str);
-    let annotation = metadata
-        .pointer(&pointer("annotations", INJECT))
-        .and_then(Value::as_str);
-    for (source, value) in [("label", label), ("annotation", annotation)] {
+    let no_metadata = MetaView::default();
+    let metadata = pod.metadata.as_ref().unwrap_or(&no_metadata);
+    let pod_name = name_of(metadata, req.namespace.as_deref().unwrap_or_default());
+    // A static pod's mirror: the kubelet runs the pod from its own manifest, and the
+    // API server refuses a mirror that names ConfigMaps or Secrets.
+    if metadata.has_annotation(MIRROR) {
+        return Answer::default();
+    }
+    let opt_in = [
+        ("label", metadata.label(INJECT)),
+        ("annotation", metadata.annotation(INJECT)),
+    ];
+    for (source, value) in opt_in {
         match value {
             None | Some("enabled") => {}
             Some("disabled") => return Answer::default(),
             Some(other) => {
                 return Answer::unchanged(format!(
-                    "pod {pod_name}: the {source} {INJECT}=`{other}` is neither `enabled` nor `disabled`"
+                    "pod {pod_name}: the {source} {INJECT}={other:?} is neither `enabled` nor `disabled`"
                 ));
             }
         }
@@ -138,8 +156,12 @@ fn decide(review: &Value, defaults: &SidecarOptions) -> Answer {
         Ok(o) => o,
         Err(e) => return Answer::unchanged(format!("pod {pod_name}: {e}")),
     };
-    let mut injected = match serde_norway::to_value(pod) {
-        Ok(v) => v,
+    // The view as JSON is what the patch is computed against.
+    let (before, mut injected) = match serde_json::to_value(&pod)
+        .map_err(|e| e.to_string())
+        .and_then(|v| Ok((serde_norway::to_value(&v).map_err(|e| e.to_string())?, v)))
+    {
+        Ok((yaml, json)) => (json, yaml),
         Err(e) => return Answer::unchanged(format!("pod {pod_name}: {e}")),
     };
     let Some(template) = injected.as_mapping_mut() else {
@@ -161,61 +183,45 @@ fn decide(review: &Value, defaults: &SidecarOptions) -> Answer {
         Err(e) => return Answer::unchanged(format!("pod {pod_name}: {e}")),
     };
     Answer {
-        patch: Some(diff(pod, &injected)),
-        warnings: notes
-            .into_iter()
-            .map(|n| format!("idemgate: {n}"))
-            .collect(),
+        patch: Some(diff(&before, &injected)),
+        warnings: Vec::new(),
+        notes,
     }
 }
 
 /// The pod's name for messages: a ReplicaSet's pods have only a `generateName`.
-fn name_of(pod: &Value, namespace: &str) -> String {
-    let meta = |k: &str| {
-        pod.pointer(&format!("/metadata/{k}"))
-            .and_then(Value::as_str)
-    };
-    let name = match (meta("name"), meta("generateName")) {
-        (Some(n), _) => n.to_string(),
-        (None, Some(g)) => format!("{g}*"),
+fn name_of(metadata: &MetaView, namespace: &str) -> String {
+    let name = match (&metadata.name, &metadata.generate_name) {
+        (Some(n), _) => format!("{n:?}"),
+        (None, Some(g)) => format!("{:?}", format!("{g}*")),
         (None, None) => "<unnamed>".to_string(),
     };
     if namespace.is_empty() {
         name
     } else {
-        format!("{namespace}/{name}")
+        format!("{namespace:?}/{name}")
     }
-}
-
-/// The JSON Pointer to `metadata.<map>[key]` relative to metadata.
-fn pointer(map: &str, key: &str) -> String {
-    format!("/{map}/{}", key.replace('~', "~0").replace('/', "~1"))
 }
 
 /// The injector's defaults with the pod's annotations applied; a value it cannot use is
 /// an error that names the annotation.
-fn overrides(metadata: &Value, defaults: &SidecarOptions) -> Result<SidecarOptions, String> {
+fn overrides(metadata: &MetaView, defaults: &SidecarOptions) -> Result<SidecarOptions, String> {
     let mut options = defaults.clone();
-    let get = |key: &str| {
-        metadata
-            .pointer(&pointer("annotations", key))
-            .and_then(Value::as_str)
-    };
-    if let Some(v) = get(CONFIG_MAP) {
+    if let Some(v) = metadata.annotation(CONFIG_MAP) {
         if !is_dns_subdomain(v) {
             return Err(format!(
-                "the annotation {CONFIG_MAP}=`{v}` is not a ConfigMap name"
+                "the annotation {CONFIG_MAP}={v:?} is not a ConfigMap name"
             ));
         }
         options.config_map = v.to_string();
     }
-    if let Some(v) = get(UPSTREAM_PORT) {
+    if let Some(v) = metadata.annotation(UPSTREAM_PORT) {
         options.upstream_port = Some(v.to_string());
     }
-    if let Some(v) = get(CPU) {
+    if let Some(v) = metadata.annotation(CPU) {
         options.cpu = Some(parse_quantity(v).map_err(|e| format!("the annotation {CPU}: {e}"))?);
     }
-    if let Some(v) = get(MEMORY) {
+    if let Some(v) = metadata.annotation(MEMORY) {
         options.memory =
             Some(parse_quantity(v).map_err(|e| format!("the annotation {MEMORY}: {e}"))?);
     }
