@@ -7,6 +7,9 @@ usage: review.py URL CA_PEM BODY_FILE       POST BODY_FILE to URL
        review.py URL CA_PEM --get           GET URL
        review.py URL CA_PEM --length N      send only a head declaring N bytes
        review.py URL CA_PEM --chunked N     send N bytes, chunked, no Content-Length
+       review.py URL CA_PEM --stall         declare 100 bytes, send 10, wait for the answer
+       review.py URL CA_PEM --idle N        connect, send nothing; report when the server
+                                            closes the connection (up to N seconds)
 
 Output: {"status", "body" (parsed JSON, else text), "patch", "patched", "invalid"}.
 """
@@ -15,6 +18,7 @@ import json
 import socket
 import ssl
 import sys
+import time
 from urllib.parse import urlsplit
 
 import jsonpatch
@@ -83,9 +87,32 @@ def send(url, ca, body=None, length=None, chunked=None, method="POST"):
     return status, raw
 
 
+def idle(url, ca, seconds):
+    s, _ = connect(url, ca)
+    s.settimeout(seconds)
+    start = time.monotonic()
+    try:
+        closed = s.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLError):
+        closed = True
+    except socket.timeout:
+        closed = False
+    return {"closed_after": time.monotonic() - start if closed else None}
+
+
 def main():
     url, ca, what = sys.argv[1], sys.argv[2], sys.argv[3]
     body = None
+    if what == "--idle":
+        json.dump(idle(url, ca, float(sys.argv[4])), sys.stdout)
+        return
+    if what == "--stall":
+        s, u = connect(url, ca)
+        start = time.monotonic()
+        s.sendall(f"POST {u.path} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Length: 100\r\n\r\n".encode() + b"{" * 10)
+        status, raw = read_response(s)
+        json.dump({"status": status, "after": time.monotonic() - start}, sys.stdout)
+        return
     if what == "--get":
         status, raw = send(url, ca, method="GET")
     elif what == "--length":

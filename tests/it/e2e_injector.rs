@@ -2,251 +2,20 @@
 //! each answer's JSONPatch applied by an independent implementation (Python's
 //! `jsonpatch`) and the patched pod validated strictly against the Kubernetes schemas
 //! (`kubernetes-validate`), then compared with what `idemgate inject` makes of the same
-//! pod. The client and the certificates are Python's (tests/injector/).
+//! pod. The client and the certificates are Python's (tests/injector/); the harness is
+//! tests/it/common/injector.rs.
 
-use std::io::Write;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::common::free_port;
-
-const IMAGE: &str = "registry.example.com/idemgate:test";
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/injector")
-        .join(name)
-}
-
-/// Writes a fresh CA and serving certificate into `dir` (replacing what is there).
-fn make_certs(dir: &Path) {
-    let out = Command::new("python3")
-        .arg(script("certs.py"))
-        .arg(dir)
-        .output()
-        .expect("run certs.py");
-    assert!(
-        out.status.success(),
-        "certs.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A running `idemgate injector` with its own certificates; killed on drop.
-struct Injector {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Injector {
-    fn start(extra: &[&str]) -> Injector {
-        let dir = tempfile::tempdir().expect("tempdir");
-        make_certs(dir.path());
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
-            .arg("injector")
-            .arg("--tls-cert")
-            .arg(dir.path().join("cert.pem"))
-            .arg("--tls-key")
-            .arg(dir.path().join("key.pem"))
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--image", IMAGE])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn idemgate injector");
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the injector did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Injector { child, port, dir }
-    }
-
-    fn ca(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
-    }
-
-    /// Runs tests/injector/review.py against `path` with `args` after the CA.
-    fn call(&self, path: &str, ca: &Path, args: &[&str]) -> Result<Value, String> {
-        let out = Command::new("python3")
-            .arg(script("review.py"))
-            .arg(format!("https://127.0.0.1:{}{path}", self.port))
-            .arg(ca)
-            .args(args)
-            .output()
-            .expect("run review.py");
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        Ok(serde_json::from_slice(&out.stdout).expect("review.py prints JSON"))
-    }
-
-    /// POSTs `body` to /mutate; the result as review.py reports it.
-    fn post(&self, body: &[u8]) -> Value {
-        let mut f = tempfile::NamedTempFile::new().expect("temp file");
-        f.write_all(body).expect("write body");
-        let path = f.path().to_str().expect("UTF-8 path").to_string();
-        self.call("/mutate", &self.ca(), &[&path])
-            .expect("review.py")
-    }
-
-    fn review(&self, review: &Value) -> Value {
-        self.post(&serde_json::to_vec(review).unwrap())
-    }
-}
-
-impl Drop for Injector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The AdmissionReview the API server sends for creating `pod` in `shop`.
-fn admission(uid: &str, pod: &Value) -> Value {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "shop",
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod,
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
-        }
-    })
-}
-
-/// A Pod created by hand: a name, one container, one port.
-fn plain_pod() -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "orders", "namespace": "shop", "labels": {"app": "orders"}},
-        "spec": {"containers": [{"name": "orders", "image": "orders:1",
-                                 "ports": [{"containerPort": 3000}]}]}
-    })
-}
-
-/// A Pod as a Deployment's ReplicaSet creates it: no name, a generateName, an owner,
-/// the API server's defaults filled in, two ports (so the annotation must pick one)
-/// and the per-pod overrides.
-fn replicaset_pod() -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "generateName": "payments-7d9c5b8f6-",
-            "namespace": "shop",
-            "labels": {"app": "payments", "pod-template-hash": "7d9c5b8f6"},
-            "annotations": {
-                "idemgate.dev/inject": "enabled",
-                "idemgate.dev/config-map": "payments-idemgate",
-                "idemgate.dev/upstream-port": "http",
-                "idemgate.dev/cpu": "100m",
-                "idemgate.dev/memory": "64Mi"
-            },
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                 "name": "payments-7d9c5b8f6", "uid": "3f1c7a52-5d8e-4c1b-9a55-0e2b8f1d7c11",
-                                 "controller": true, "blockOwnerDeletion": true}]
-        },
-        "spec": {
-            "containers": [{
-                "name": "payments", "image": "payments:2.1",
-                "ports": [{"name": "http", "containerPort": 3000, "protocol": "TCP"},
-                          {"name": "debug", "containerPort": 6060, "protocol": "TCP"}],
-                "resources": {},
-                "terminationMessagePath": "/dev/termination-log",
-                "terminationMessagePolicy": "File",
-                "imagePullPolicy": "IfNotPresent",
-                "volumeMounts": [{"name": "kube-api-access-x2x9q", "readOnly": true,
-                                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
-            }],
-            "volumes": [{"name": "kube-api-access-x2x9q", "projected": {"defaultMode": 420, "sources": [
-                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}],
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default",
-            "securityContext": {},
-            "schedulerName": "default-scheduler",
-            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                             "effect": "NoExecute", "tolerationSeconds": 300}],
-            "priority": 0,
-            "enableServiceLinks": true,
-            "preemptionPolicy": "PreemptLowerPriority"
-        }
-    })
-}
-
-/// What `idemgate inject ARGS` makes of `pod`, as JSON.
-fn injected_by_cli(pod: &Value, args: &[&str]) -> Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .args(["inject", "--image", IMAGE])
-        .args(args)
-        .env_remove("IDEMGATE_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn idemgate inject");
-    // JSON is YAML: inject reads the pod as it is.
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(pod.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().expect("idemgate inject");
-    assert!(
-        out.status.success(),
-        "inject: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let yaml: serde_norway::Value =
-        serde_norway::from_slice(&out.stdout).expect("inject prints YAML");
-    serde_json::to_value(yaml).expect("YAML to JSON")
-}
-
-fn response(result: &Value) -> &Value {
-    assert_eq!(result["status"], 200, "{result}");
-    assert_eq!(
-        result["body"]["apiVersion"], "admission.k8s.io/v1",
-        "{result}"
-    );
-    assert_eq!(result["body"]["kind"], "AdmissionReview", "{result}");
-    assert_eq!(result["body"]["response"]["allowed"], true, "{result}");
-    &result["body"]["response"]
-}
-
-fn warnings(result: &Value) -> String {
-    response(result)["warnings"].to_string()
-}
-
-/// Admitted unchanged: allowed, no patch.
-fn assert_unchanged(result: &Value) {
-    let r = response(result);
-    assert!(
-        r.get("patch").is_none() && r.get("patchType").is_none(),
-        "{result}"
-    );
-}
+use crate::common::injector::{
+    Injector, admission, assert_unchanged, injected_by_cli, make_certs, peak_kib, plain_pod,
+    replicaset_pod, response, script, warnings,
+};
 
 #[test]
 fn a_pod_and_a_replicasets_pod_get_exactly_the_sidecar_inject_adds() {
@@ -324,9 +93,15 @@ fn a_pod_and_a_replicasets_pod_get_exactly_the_sidecar_inject_adds() {
         "the pod's own volume stays first"
     );
     assert_eq!(patched["spec"]["terminationGracePeriodSeconds"], 35);
+    // The API server's default grace period is always raised: a note for the log, not
+    // a warning on every pod.
+    assert!(response(&result).get("warnings").is_none(), "{result}");
     assert!(
-        warnings(&result).contains("terminationGracePeriodSeconds raised from 30 to 35"),
-        "{result}"
+        injector
+            .log()
+            .contains("terminationGracePeriodSeconds raised from 30 to 35"),
+        "{}",
+        injector.log()
     );
 }
 
@@ -382,14 +157,14 @@ fn what_cannot_be_injected_is_admitted_unchanged_with_a_warning() {
     assert_unchanged(&result);
     assert_eq!(response(&result)["uid"], "u-2");
     assert!(
-        warnings(&result).contains("only Pods are injected, not `apps/v1/Deployment`"),
+        warnings(&result).contains(r#"only Pods are injected, not \"apps/v1/Deployment\""#),
         "{result}"
     );
 
     // An UPDATE: the containers of a running pod cannot change.
     let mut review = admission("u-3", &plain_pod());
     review["request"]["operation"] = json!("UPDATE");
-    assert!(warnings(&injector.review(&review)).contains("not `UPDATE`"));
+    assert!(warnings(&injector.review(&review)).contains(r#"not \"UPDATE\""#));
 
     // Annotations it cannot use name themselves.
     for (key, value, says) in [
@@ -423,6 +198,45 @@ fn what_cannot_be_injected_is_admitted_unchanged_with_a_warning() {
         warnings(&result).contains("the annotation idemgate.dev/upstream-port"),
         "{result}"
     );
+
+    // A value with a control character is quoted: the API server drops a warning
+    // that holds one.
+    let mut pod = plain_pod();
+    pod["metadata"]["labels"]["idemgate.dev/inject"] = json!("yes\nplease");
+    let result = injector.review(&admission("u-6", &pod));
+    assert_unchanged(&result);
+    assert!(
+        warnings(&result).contains(r#"\"yes\\nplease\""#),
+        "{result}"
+    );
+
+    // More containers than any real pod: refused before it costs memory.
+    let mut pod = plain_pod();
+    pod["spec"]["containers"] = json!(vec![json!({"name": "c"}); 1025]);
+    let result = injector.review(&admission("u-7", &pod));
+    assert_unchanged(&result);
+    assert!(
+        warnings(&result).contains("more than 1024 elements"),
+        "{result}"
+    );
+
+    // Why a pod has no sidecar is in the injector's log (a controller's pods' warnings
+    // reach nobody else).
+    assert!(
+        injector.log().contains("admitted unchanged"),
+        "{}",
+        injector.log()
+    );
+}
+
+#[test]
+fn a_static_pods_mirror_is_left_alone() {
+    let injector = Injector::start(&[]);
+    let mut pod = plain_pod();
+    pod["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "3b9d8e"});
+    let result = injector.review(&admission("m", &pod));
+    assert_unchanged(&result);
+    assert!(response(&result).get("warnings").is_none(), "{result}");
 }
 
 #[test]
@@ -437,21 +251,135 @@ fn a_dry_run_gets_the_same_patch() {
 }
 
 #[test]
-fn bodies_over_8_mib_are_refused_and_the_probe_answers() {
+fn bodies_over_3_mib_and_slow_senders_are_refused_and_the_probe_answers() {
     let injector = Injector::start(&[]);
     let ca = injector.ca();
-    let over = (8 * 1024 * 1024 + 1024).to_string();
+    let over = (3 * 1024 * 1024 + 1024).to_string();
     for mode in ["--length", "--chunked"] {
         let result = injector.call("/mutate", &ca, &[mode, &over]).unwrap();
         assert_eq!(result["status"], 413, "{mode}: {result}");
     }
     // Just under the bound is read and answered (not an AdmissionReview: a warning).
     let mut big = b"{\"pad\": \"".to_vec();
-    big.resize(8 * 1024 * 1024 - 16, b'x');
+    big.resize(3 * 1024 * 1024 - 16, b'x');
     big.extend_from_slice(b"\"}");
     assert!(warnings(&injector.post(&big)).contains("not an admission.k8s.io/v1"));
+    // A body that stops coming: answered 408 once the request's 10 s are up.
+    let stalled = injector.call("/mutate", &ca, &["--stall"]).unwrap();
+    assert_eq!(stalled["status"], 408, "{stalled}");
+    assert!(stalled["after"].as_f64().unwrap() >= 9.0, "{stalled}");
     let probe = injector.call("/healthz", &ca, &["--get"]).unwrap();
     assert_eq!(probe["status"], 200, "{probe}");
+}
+
+#[test]
+fn crafted_reviews_at_the_body_limit_stay_far_below_the_memory_limit() {
+    let injector = Injector::start(&[]);
+    let limit = 3 * 1024 * 1024 - 4096;
+    let fill = |pod: &mut Value, path: &str, element: Value, size: usize| {
+        let n = (limit - 1024) / size;
+        *pod.pointer_mut(path).unwrap() = json!(vec![element; n]);
+    };
+    // Many small values in a field injection never reads, in lists and maps it reads.
+    let mut ignored = plain_pod();
+    ignored["spec"]["containers"][0]["args"] = json!([]);
+    fill(&mut ignored, "/spec/containers/0/args", json!(0), 2);
+    let mut containers = plain_pod();
+    fill(&mut containers, "/spec/containers", json!({}), 3);
+    let mut ports = plain_pod();
+    fill(&mut ports, "/spec/containers/0/ports", json!({}), 3);
+    let mut labels = plain_pod();
+    labels["metadata"]["labels"] = (0..(limit - 1024) / 14)
+        .map(|i| (format!("k{i}"), json!("")))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    for (what, pod) in [
+        ("ignored", ignored),
+        ("containers", containers),
+        ("ports", ports),
+        ("labels", labels),
+    ] {
+        let body = serde_json::to_vec(&admission(what, &pod)).unwrap();
+        assert!(
+            body.len() <= 3 * 1024 * 1024,
+            "{what}: {} bytes",
+            body.len()
+        );
+        let result = injector.post(&body);
+        assert_eq!(response(&result)["uid"], what, "{result}");
+    }
+    let peak = peak_kib(&injector);
+    // The Deployment's limit is 96Mi; the docs say it peaks near 35 MiB.
+    assert!(peak < 48 * 1024, "peak resident memory {peak} KiB");
+}
+
+#[test]
+fn connections_beyond_128_are_closed() {
+    let injector = Injector::start(&[]);
+    // 128 connections that never start their handshake hold every slot.
+    let held: Vec<TcpStream> = (0..128)
+        .map(|_| TcpStream::connect(("127.0.0.1", injector.port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let refused = injector.call("/healthz", &injector.ca(), &["--get"]);
+    assert!(
+        refused.is_err(),
+        "the 129th connection was served: {refused:?}"
+    );
+    drop(held);
+    let started = Instant::now();
+    while injector
+        .call("/healthz", &injector.ca(), &["--get"])
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "slots were not freed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sigterm_closes_idle_connections_and_stops_at_once() {
+    let mut injector = Injector::start(&[]);
+    // An idle TLS connection (the API server keeps one open), and a bare TCP one that
+    // never starts its handshake.
+    let idle = Command::new("python3")
+        .arg(script("review.py"))
+        .arg(format!("https://127.0.0.1:{}/mutate", injector.port))
+        .arg(injector.ca())
+        .args(["--idle", "30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run review.py --idle");
+    let _bare = TcpStream::connect(("127.0.0.1", injector.port)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = injector.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = injector.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "still running 5 s after SIGTERM (the drain limit is 10 s)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let out: Value = serde_json::from_slice(&idle.wait_with_output().unwrap().stdout).unwrap();
+    assert!(
+        out["closed_after"].as_f64().is_some(),
+        "the idle connection was not closed: {out}"
+    );
 }
 
 #[test]
@@ -472,15 +400,33 @@ fn the_strict_validation_is_live() {
 
 #[test]
 fn a_rotated_certificate_is_served_without_a_restart() {
-    let injector = Injector::start(&[]);
+    let mut injector = Injector::start(&[]);
     let old_ca = injector.dir.path().join("old-ca.pem");
     std::fs::copy(injector.ca(), &old_ca).unwrap();
     assert_eq!(
         injector.call("/healthz", &old_ca, &["--get"]).unwrap()["status"],
         200
     );
-    // A new CA and certificate, written over the files as cert-manager rotates them.
-    make_certs(injector.dir.path());
+    // Half an update (a new certificate beside the old key): not a pair, so the old
+    // one stays in service.
+    let half = injector.dir.path().join("..half");
+    make_certs(&half);
+    let current = std::fs::read_link(injector.dir.path().join("..data")).unwrap();
+    let current = injector.dir.path().join(current);
+    std::fs::copy(half.join("cert.pem"), current.join("cert.pem")).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        injector.call("/healthz", &old_ca, &["--get"]).unwrap()["status"],
+        200,
+        "a mismatched pair replaced the certificate in service"
+    );
+    assert!(
+        injector.log().contains("do not make a key pair"),
+        "{}",
+        injector.log()
+    );
+    // The kubelet's update: a new directory, then `..data` swapped to it.
+    injector.rotate();
     let started = Instant::now();
     loop {
         if let Ok(r) = injector.call("/healthz", &injector.ca(), &["--get"]) {
