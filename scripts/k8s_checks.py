@@ -389,6 +389,49 @@ def crd_kinds_only(args):
         fail("no schema for:\n" + "".join(bad))
 
 
+def selected(selector, labels):
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions) selects labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def check_selectors(mwc, own_ns, problems):
+    """Every namespace x pod labelling is sent to the injector by at most one webhook,
+    and exactly when docs/kubernetes.md says: never in kube-system or the injector's
+    namespace, never when the namespace or the pod says `disabled`, else when the
+    namespace or the pod says `enabled`."""
+    key = "idemgate.dev/inject"
+    for ns_name in ("shop", "kube-system", own_ns):
+        for ns_value in (None, "enabled", "disabled"):
+            for pod_value in (None, "enabled", "disabled"):
+                ns_labels = {"kubernetes.io/metadata.name": ns_name}
+                if ns_value:
+                    ns_labels[key] = ns_value
+                pod_labels = {"app": "x"}
+                if pod_value:
+                    pod_labels[key] = pod_value
+                hits = [w["name"] for w in mwc["webhooks"]
+                        if selected(w.get("namespaceSelector", {}), ns_labels)
+                        and selected(w.get("objectSelector", {}), pod_labels)]
+                expected = (ns_name not in ("kube-system", own_ns)
+                            and "disabled" not in (ns_value, pod_value)
+                            and "enabled" in (ns_value, pod_value))
+                if len(hits) > 1 or bool(hits) != expected:
+                    problems.append(f"namespace {ns_name} ({key}={ns_value}), pod ({key}={pod_value}): "
+                                    f"sent by {hits or 'no webhook'}, expected {'one' if expected else 'none'}")
+
+
 def injector_manifests(args):
     """injector-manifests RENDERED INJECTED: the pieces of k8s/injector fit together
     (the webhook calls the Service on /mutate, the Service reaches the container, the
@@ -426,6 +469,14 @@ def injector_manifests(args):
     check(secret_vol["secret"]["secretName"] == cert["spec"]["secretName"], "the pods mount another Secret than the Certificate's")
     check(f"{svc['metadata']['name']}.{ns}.svc" in cert["spec"]["dnsNames"], "the Certificate does not cover the Service's name")
     check(mwc["metadata"]["annotations"].get("cert-manager.io/inject-ca-from") == f"{ns}/{cert['metadata']['name']}", "inject-ca-from does not name the Certificate")
+    # Renewals keep the CA: the serving Certificate is issued by a CA Issuer whose
+    # Secret is an isCA Certificate's.
+    issuer = get("Issuer", cert["spec"]["issuerRef"]["name"])
+    ca_secret = issuer["spec"].get("ca", {}).get("secretName")
+    cas = [o for o in objs.values() if o["kind"] == "Certificate" and o["spec"].get("secretName") == ca_secret]
+    check(cas and cas[0]["spec"].get("isCA") is True, "the serving Certificate is not issued by a CA of its own")
+    check(c.get("lifecycle", {}).get("preStop") is not None, "the injector has no preStop (calls would be refused while its endpoints are withdrawn)")
+    check_selectors(mwc, ns, problems)
     workloads = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")
     images = {sidecar_of(o)[2]["image"] for o in load_all(args[1]) if o["kind"] in workloads}
     check(images == {c["image"]}, f"the injector runs {c['image']}, inject adds {images}")
