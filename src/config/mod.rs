@@ -21,11 +21,13 @@ mod redact;
 #[cfg(test)]
 mod tests;
 pub mod topology;
+mod tracing;
 mod validate;
 
 pub use overrides::resolve_secret;
 pub use parse::{parse_duration, parse_size};
 pub use redact::{redact_source, redact_url};
+pub use tracing::{Root, Sampler, TracingConfig};
 
 use raw::RawConfig;
 use validate::validate;
@@ -85,6 +87,8 @@ pub struct Config {
     pub operator_tokens: Vec<OperatorToken>,
     /// `[async]`: the delivery queue shared by the async routes.
     pub async_queue: AsyncConfig,
+    /// `[tracing]`: OpenTelemetry export (off unless an endpoint is set).
+    pub tracing: TracingConfig,
 }
 
 /// `[async]`: how the async routes' queues are worked (see docs/async.md).

@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub(super) admin_token: Option<OneOrMany>,
     #[serde(rename = "async")]
     pub(super) async_queue: Option<RawAsync>,
+    pub(super) tracing: Option<super::tracing::RawTracing>,
     #[serde(default, rename = "route")]
     pub(super) routes: Vec<RawRoute>,
 }

@@ -446,6 +446,7 @@ pub(super) fn validate(
         dedup,
         routes,
         operator_tokens: operator_tokens(raw.admin_token, env)?,
+        tracing: super::tracing::tracing(raw.tracing, env)?,
     };
     bounds::relations(&config)?;
     Ok(config)

@@ -192,6 +192,8 @@ pub struct Metrics {
     pub connections: IntGauge,
     /// Webhook connections closed at once because `max_connections` were open.
     pub connections_refused: IntCounter,
+    /// Spans the trace exporter gave up (`reason`: `queue_full`, `export_failed`).
+    pub trace_spans_dropped: IntCounterVec,
     queue: QueueFamilies,
     /// The per-minute activity ring of each configured route, read by the console.
     activity: Mutex<HashMap<String, Arc<RouteActivity>>>,
@@ -359,6 +361,18 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
 
+        let trace_spans_dropped = IntCounterVec::new(
+            Opts::new(
+                "idemgate_trace_spans_dropped_total",
+                "Spans not exported: the export queue was full (queue_full) or the collector failed (export_failed).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        for reason in ["queue_full", "export_failed"] {
+            trace_spans_dropped.with_label_values(&[reason]);
+        }
+
         let queue = QueueFamilies::new();
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
@@ -370,6 +384,7 @@ impl Metrics {
             Box::new(store_circuit_open.clone()),
             Box::new(connections.clone()),
             Box::new(connections_refused.clone()),
+            Box::new(trace_spans_dropped.clone()),
             Box::new(lease_lost.clone()),
             Box::new(build_info),
             Box::new(queue.depth.clone()),
@@ -399,6 +414,7 @@ impl Metrics {
             store_circuit_open,
             connections,
             connections_refused,
+            trace_spans_dropped,
             queue,
             activity: Mutex::new(HashMap::new()),
         }
