@@ -14,6 +14,7 @@ use crate::metrics::Metrics;
 use crate::providers::Routes;
 use crate::queue::{AsyncMode, QueueBackend};
 use crate::store::Store;
+use crate::trace::Tracer;
 use crate::web::{Console, Operator};
 
 /// Everything the sidecar runs, built once from the configuration.
@@ -35,18 +36,16 @@ impl<S: Store> App<S> {
         queue: Option<Arc<dyn QueueBackend>>,
     ) -> Result<Self, ConfigError> {
         let metrics = Arc::new(Metrics::new());
+        let tracer = Tracer::new(&config.tracing, &metrics.trace_spans_dropped);
         let backend = queue;
         let queue = match &backend {
-            Some(b) => AsyncMode::new(config, routes, b.clone(), &metrics)?.map(Arc::new),
+            Some(b) => AsyncMode::new(config, routes, b.clone(), &metrics)?
+                .map(|q| Arc::new(q.with_tracer(tracer.clone()))),
             None => None,
         };
-        let gate = Arc::new(Gate::new(
-            config,
-            routes,
-            store,
-            metrics.clone(),
-            queue.clone(),
-        )?);
+        let gate = Arc::new(
+            Gate::new(config, routes, store, metrics.clone(), queue.clone())?.with_tracer(tracer),
+        );
         let jobs = backend.map(|b| {
             let names = config.routes.iter().map(|r| r.name.clone()).collect();
             JobRunner::new(gate.clone(), b, queue.clone(), names)

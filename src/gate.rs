@@ -18,17 +18,22 @@ use http_body_util::{BodyExt, Limited};
 use crate::config::{Config, InFlightPolicy, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
 use crate::providers::{self, Admission, Route};
-use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
+use crate::store::{DeliveryKey, Store, StoreError, StoredResponse, Token};
+use crate::trace::{self, Kind, Record, Tracer};
 use crate::upstream::{Outgoing, Upstream};
 
+/// The answer table as a pure function.
+mod decide;
 /// Forwarding without a claim: handshakes, keyless requests, a bypassed store.
 mod unclaimed;
 /// The answer to a completion replicas did not confirm.
 mod unconfirmed;
 
+pub use decide::{Step, decide};
+
 use crate::answer::{
     Answer, ErrorAnswer, error_answer, handshake_answer, identify_error_answer, replay_answer,
-    retry_after_secs, upstream_answer, upstream_error_answer,
+    upstream_answer, upstream_error_answer,
 };
 use crate::store::lease::{self, LeaseEvent};
 use crate::store::log::ClaimLog;
@@ -64,46 +69,8 @@ pub struct Gate<S> {
     lease: Duration,
     /// The async routes' queue hand-off (docs/async.md), built before the gate.
     async_mode: Option<Arc<crate::queue::AsyncMode>>,
-}
-
-/// What to do after a claim attempt: the pure decision of the answer table.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Step {
-    /// First seen (or released before): forward, owning `Token`.
-    Forward(Token),
-    /// Completed with the same payload: replay the stored answer.
-    Replay(StoredResponse),
-    /// Held by another claimer: wait for it (policy `wait`, not yet waited).
-    Wait,
-    /// Answer without forwarding.
-    Refuse(ErrorAnswer),
-    /// Queued on an async route (or being delivered from its queue): acknowledge again.
-    Acknowledge,
-}
-
-/// The decision for each claim outcome (README's "What each delivery gets" table).
-pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
-    match claim {
-        Claim::Claimed(token) => Step::Forward(token),
-        Claim::Completed(resp) => Step::Replay(resp),
-        Claim::Queued => Step::Acknowledge,
-        Claim::Mismatch => Step::Refuse(ErrorAnswer::new(
-            Outcome::PayloadMismatch,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "payload_mismatch",
-            "this idempotency key was already used with a different payload",
-        )),
-        Claim::InFlight { .. } if policy == InFlightPolicy::Wait && !waited => Step::Wait,
-        Claim::InFlight { remaining } => Step::Refuse(
-            ErrorAnswer::new(
-                Outcome::InFlight,
-                StatusCode::CONFLICT,
-                "in_flight",
-                "a copy of this delivery is being processed; retry later",
-            )
-            .retry_after(retry_after_secs(remaining)),
-        ),
-    }
+    /// Spans for each delivery (docs/tracing.md); off by default.
+    tracer: Tracer,
 }
 
 /// Counts a delivery in `idemgate_in_flight` for as long as it lives.
@@ -176,7 +143,18 @@ impl<S: Store> Gate<S> {
             wait_timeout: config.dedup.wait_timeout,
             lease: config.dedup.lease,
             async_mode,
+            tracer: Tracer::default(),
         })
+    }
+
+    /// The gate with its deliveries traced by `tracer`.
+    pub fn with_tracer(mut self, tracer: Tracer) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
     }
 
     /// The queue hand-off and policy of `route`, when it is an async route.
@@ -261,11 +239,36 @@ impl<S: Store> Gate<S> {
         };
         let _guard = InFlightGuard::new(&self.metrics.in_flight);
         let mut key_for_log: Option<String> = None;
+        let path = req.uri().path();
+        let mut span = self.tracer.continue_from(
+            req.headers(),
+            || format!("{} {path}", req.method()),
+            Kind::Server,
+        );
+        if let Some(s) = &mut span {
+            s.set("http.request.method", req.method().as_str().to_string());
+            s.set("http.route", path.to_string());
+            s.set("url.path", path.to_string());
+            s.set("url.scheme", "http");
+            s.set("idemgate.route", entry.route.name.to_string());
+        }
         // Boxed: the delivery's state machine is several KiB (store and upstream calls
         // nested), and unboxed it would be copied whole each time the future moves
         // (into the task, into the tracker): 8% of the CPU in `memmove` before.
-        let (outcome, answer) =
-            Box::pin(self.deliver(&entry.route, &entry.metrics, req, &mut key_for_log)).await;
+        let delivery = Box::pin(self.deliver(&entry.route, &entry.metrics, req, &mut key_for_log));
+        let (outcome, answer) = trace::within(span.as_ref(), delivery).await;
+        if let Some(s) = &mut span {
+            s.set("http.response.status_code", answer.status().as_u16());
+            s.set("idemgate.outcome", outcome.as_str());
+            s.set("idemgate.replayed", outcome == Outcome::Replayed);
+            if let Some(k) = &key_for_log {
+                s.set("idemgate.delivery_key", k.clone());
+            }
+            if answer.status().is_server_error() {
+                s.set("error.type", outcome.as_str());
+                s.fail(outcome.as_str());
+            }
+        }
         let elapsed = started.elapsed();
         entry.metrics.record_handled(outcome, elapsed.as_secs_f64());
         tracing::info!(
@@ -324,7 +327,13 @@ impl<S: Store> Gate<S> {
 
         // verify + identify: pure, before anything touches the store.
         let h = &parts.headers;
-        let identity = match route.admit(&parts.method, h, parts.uri.query(), &body, unix_now()) {
+        let mut verify = trace::child("verify", Kind::Internal);
+        let admitted = route.admit(&parts.method, h, parts.uri.query(), &body, unix_now());
+        if admitted.is_err() {
+            verify.fail("refused");
+        }
+        drop(verify);
+        let identity = match admitted {
             Ok(Admission::Delivery(v)) => v,
             Ok(Admission::Handshake(Some(reply))) => {
                 return (Outcome::Handshake, handshake_answer(reply));
@@ -368,13 +377,16 @@ impl<S: Store> Gate<S> {
         let mut claim = self
             .timed(
                 StoreOp::Claim,
-                self.store.claim(
-                    &dkey,
-                    &fp,
-                    Some(ClaimLog {
-                        kept: kept.as_ref(),
-                        replay: false,
-                    }),
+                trace::store_op(
+                    "claim",
+                    self.store.claim(
+                        &dkey,
+                        &fp,
+                        Some(ClaimLog {
+                            kept: kept.as_ref(),
+                            replay: false,
+                        }),
+                    ),
                 ),
             )
             .await;
@@ -425,8 +437,9 @@ impl<S: Store> Gate<S> {
                 Step::Wait => {
                     waited = true;
                     let deadline = tokio::time::Instant::now() + self.wait_timeout;
+                    let wait = self.store.wait_for(&dkey, &fp, deadline);
                     claim = self
-                        .timed(StoreOp::Claim, self.store.wait_for(&dkey, &fp, deadline))
+                        .timed(StoreOp::Claim, trace::store_op("wait", wait))
                         .await;
                 }
             }
@@ -495,6 +508,7 @@ impl<S: Store> Gate<S> {
             body,
             authority: parts.uri.authority().map(|a| a.as_str()),
             idempotency_key,
+            traceparent: None,
         }
     }
 
@@ -557,8 +571,7 @@ impl<S: Store> Gate<S> {
         let result = lease::renewing(
             self.lease,
             || self.timed(StoreOp::Renew, self.store.renew(key, token)),
-            self.upstream
-                .forward(self.outgoing(parts, body, &pq, upstream_key)),
+            trace::forward(&self.upstream, self.outgoing(parts, body, &pq, upstream_key)),
             |event| match event {
                 LeaseEvent::Lost => tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran"),
                 LeaseEvent::Failed(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
@@ -579,7 +592,10 @@ impl<S: Store> Gate<S> {
                 match self
                     .timed(
                         StoreOp::Complete,
-                        self.store.complete(key, token, &stored, Some(&settled)),
+                        trace::store_op(
+                            "complete",
+                            self.store.complete(key, token, &stored, Some(&settled)),
+                        ),
                     )
                     .await
                 {
@@ -602,13 +618,16 @@ impl<S: Store> Gate<S> {
                 if let Err(e) = self
                     .timed(
                         StoreOp::Release,
-                        self.store.release(
-                            key,
-                            token,
-                            Some(&crate::store::log::Settled {
-                                outcome: crate::store::log::LogOutcome::UpstreamError,
-                                ..settled
-                            }),
+                        trace::store_op(
+                            "release",
+                            self.store.release(
+                                key,
+                                token,
+                                Some(&crate::store::log::Settled {
+                                    outcome: crate::store::log::LogOutcome::UpstreamError,
+                                    ..settled
+                                }),
+                            ),
                         ),
                     )
                     .await
@@ -624,54 +643,6 @@ impl<S: Store> Gate<S> {
                     }
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::answer::tests::stored;
-
-    #[test]
-    fn each_claim_outcome_gets_its_answer() {
-        let t = Token([1; 16]);
-        assert_eq!(
-            decide(Claim::Claimed(t), InFlightPolicy::Reject, false),
-            Step::Forward(t)
-        );
-        assert_eq!(
-            decide(Claim::Completed(stored()), InFlightPolicy::Reject, false),
-            Step::Replay(stored())
-        );
-        let Step::Refuse(r) = decide(Claim::Mismatch, InFlightPolicy::Wait, false) else {
-            panic!()
-        };
-        assert_eq!(
-            (r.status, r.outcome),
-            (StatusCode::UNPROCESSABLE_ENTITY, Outcome::PayloadMismatch)
-        );
-        let inflight = Claim::InFlight {
-            remaining: Duration::from_millis(2100),
-        };
-        let Step::Refuse(r) = decide(inflight.clone(), InFlightPolicy::Reject, false) else {
-            panic!()
-        };
-        assert_eq!((r.status, r.retry_after), (StatusCode::CONFLICT, Some(3)));
-        assert_eq!(
-            decide(inflight.clone(), InFlightPolicy::Wait, false),
-            Step::Wait
-        );
-        let Step::Refuse(r) = decide(inflight, InFlightPolicy::Wait, true) else {
-            panic!()
-        };
-        assert_eq!(r.outcome, Outcome::InFlight);
-    }
-
-    #[test]
-    fn a_queued_key_is_acknowledged_under_either_in_flight_policy() {
-        for policy in [InFlightPolicy::Reject, InFlightPolicy::Wait] {
-            assert_eq!(decide(Claim::Queued, policy, false), Step::Acknowledge);
         }
     }
 }

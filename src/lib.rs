@@ -14,9 +14,10 @@ mod inject;
 pub mod logging;
 pub mod upstream;
 
-// Built from the configuration: the providers' routes, the metrics.
+// Built from the configuration: the providers' routes, the metrics, tracing.
 pub mod metrics;
 pub mod providers;
+pub mod trace;
 
 // The claim and the delivery log.
 pub mod store;

@@ -323,6 +323,8 @@ impl<S: Store> Bound<S> {
         }
         // The delivery log's writes still queued off the claim path (log_writer.rs).
         crate::store::log::DeliveryLog::flush(gate.store()).await;
+        // The spans still queued for export (at most 2 s; docs/tracing.md).
+        gate.tracer().shutdown().await;
         match drained {
             Ok(()) => tracing::info!("all deliveries drained"),
             Err(_) => tracing::warn!(

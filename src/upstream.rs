@@ -40,6 +40,8 @@ pub struct Outgoing<'a> {
     /// The original request's authority, sent as `Host` when it came without one (HTTP/2).
     pub authority: Option<&'a str>,
     pub idempotency_key: Option<HeaderValue>,
+    /// The `traceparent` naming idemgate's span for this call (replaces the caller's).
+    pub traceparent: Option<HeaderValue>,
 }
 
 pub struct Upstream {
@@ -116,6 +118,11 @@ impl Upstream {
         }
     }
 
+    /// `http://host:port`: where deliveries go.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// Sends the delivery and reads the answer, all within the upstream timeout.
     pub async fn forward(&self, out: Outgoing<'_>) -> Result<UpstreamResponse, UpstreamError> {
         let mut uri = String::with_capacity(self.base.len() + out.path_and_query.len());
@@ -135,6 +142,9 @@ impl Upstream {
         }
         if let Some(k) = out.idempotency_key {
             headers.insert(HeaderName::from_static("idempotency-key"), k);
+        }
+        if let Some(t) = out.traceparent {
+            headers.insert(HeaderName::from_static("traceparent"), t);
         }
         let call = async {
             let resp = self

@@ -101,6 +101,7 @@ pub async fn replay<S: Store>(
         body: req.body.clone(),
         authority: None,
         idempotency_key: None,
+        traceparent: None,
     });
     let result = lease::renewing(lease, || store.renew(key, token), call, |event| match event {
         LeaseEvent::Lost => tracing::warn!(route = &*key.route, key = %key.key, "lease lost while a replay ran"),

@@ -62,10 +62,8 @@ impl<S: Store> Gate<S> {
             .route
             .upstream_target(u.parts.uri.path(), u.parts.uri.query());
         let t = Instant::now();
-        let result = self
-            .upstream
-            .forward(self.outgoing(u.parts, u.body, &pq, u.upstream_key))
-            .await;
+        let out = self.outgoing(u.parts, u.body, &pq, u.upstream_key);
+        let result = crate::trace::forward(&self.upstream, out).await;
         u.rm.upstream.observe(t.elapsed().as_secs_f64());
         match result {
             Ok(resp) => (u.outcome, upstream_answer(resp)),

@@ -9,6 +9,7 @@ use super::{AsyncMode, QueueEntry, ack_answer};
 use crate::answer::{Answer, ErrorAnswer, error_answer};
 use crate::metrics::Outcome;
 use crate::store::{DeliveryKey, Token, unix_millis};
+use crate::trace::{self, Kind, Record};
 use crate::upstream;
 
 fn unavailable(code: &'static str, message: &str, outcome: Outcome) -> Answer {
@@ -58,6 +59,17 @@ impl AsyncMode {
         }
         if let Some(k) = idempotency_key {
             headers.insert(HeaderName::from_static("idempotency-key"), k);
+        }
+        // The append's span: the parent (and link) of every delivery attempt, which
+        // finds it in the entry's `traceparent`.
+        let mut span = trace::child(format!("send {}", key.route), Kind::Producer);
+        if let Some(s) = &mut span {
+            headers.insert(trace::TRACEPARENT, s.context().header());
+            s.set("messaging.system", "idemgate");
+            s.set("messaging.operation.type", "send");
+            s.set("messaging.operation.name", "send");
+            s.set("messaging.destination.name", key.route.to_string());
+            s.set("messaging.message.id", key.key.clone());
         }
         let order = state.order.as_ref().and_then(|source| {
             match source
@@ -113,6 +125,8 @@ impl AsyncMode {
             }
         };
         if let Some(refused) = refused {
+            span.set("error.type", refused.0.as_str());
+            span.fail(refused.0.as_str());
             if let Err(e) = self.backend.release(key, token).await {
                 tracing::warn!(route = &*key.route, key = %key.key, error = %e, "release failed; the key frees at lease expiry");
             }

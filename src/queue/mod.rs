@@ -117,6 +117,8 @@ pub struct AsyncMode {
     upstream: Upstream,
     stop: CancellationToken,
     tasks: TaskTracker,
+    /// Spans for each append and delivery attempt (docs/tracing.md); off by default.
+    tracer: crate::trace::Tracer,
 }
 
 impl AsyncMode {
@@ -166,7 +168,14 @@ impl AsyncMode {
             ),
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            tracer: crate::trace::Tracer::default(),
         }))
+    }
+
+    /// Async mode with its appends and attempts traced by `tracer`.
+    pub fn with_tracer(mut self, tracer: crate::trace::Tracer) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// The async policy of `route`, if it is an async route.

@@ -12,6 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{AsyncMode, AsyncRouteState, Lock, QueueEntry, backoff_delay};
 use crate::store::lease::{self, LeaseEvent};
 use crate::store::{DeliveryKey, StoredResponse, Token, unix_millis};
+use crate::trace::{self, Kind, Record, Span};
 use crate::upstream::{self, Outgoing};
 
 /// How many entries one route's worker holds at once (in delivery or backing off).
@@ -284,8 +285,24 @@ impl AsyncMode {
                 return;
             }
             let started = Instant::now();
-            let result = self.forward(&held).await;
+            let mut span = self.attempt_span(&held, attempt);
+            let result = trace::within(span.as_ref(), self.forward(&held)).await;
             let took = started.elapsed();
+            if span.is_some() {
+                let completed =
+                    matches!(&result, Ok(r) if state.route.success.completes(r.status, &r.body));
+                span.set(
+                    "idemgate.outcome",
+                    if completed { "completed" } else { "failed" },
+                );
+                if let Ok(r) = &result {
+                    span.set("http.response.status_code", r.status.as_u16());
+                }
+                if !completed {
+                    span.fail("the attempt did not complete");
+                }
+                drop(span);
+            }
             if matches!(result, Err(upstream::UpstreamError::Timeout)) {
                 // The application may still be working on it: the slot stays taken
                 // until it lapses (`pace.rs`), so the bound holds for what it runs.
@@ -387,20 +404,53 @@ impl AsyncMode {
             None => (entry.path.as_str(), None),
         };
         let pq = state.route.upstream_target(path, query);
-        let call = self.upstream.forward(Outgoing {
-            method: &method,
-            path_and_query: &pq,
-            headers: &headers,
-            body: entry.body.clone(),
-            authority: None,
-            idempotency_key: None,
-        });
+        let call = trace::forward(
+            &self.upstream,
+            Outgoing {
+                method: &method,
+                path_and_query: &pq,
+                headers: &headers,
+                body: entry.body.clone(),
+                authority: None,
+                idempotency_key: None,
+                traceparent: None,
+            },
+        );
         let route = &*state.route.name;
         lease::renewing(self.lease, || self.backend.renew(key, token), call, |event| match event {
             LeaseEvent::Lost => tracing::warn!(route, key = %key.key, "delivery claim lost while the upstream call ran"),
             LeaseEvent::Failed(e) => tracing::warn!(route, key = %key.key, error = %e, "renewing the delivery claim failed"),
         })
         .await
+    }
+
+    /// An attempt's span: a consumer span under the append's span (the entry's
+    /// `traceparent`), linked to it as OpenTelemetry's messaging conventions ask.
+    fn attempt_span(&self, held: &Held<'_>, attempt: u64) -> Option<Span> {
+        if !self.tracer.is_on() {
+            return None;
+        }
+        let mut headers = HeaderMap::new();
+        upstream::decode_headers(&held.entry.headers, &mut headers);
+        let from = trace::Incoming::from_headers(&headers);
+        let route = &*held.state.route.name;
+        let mut span = self.tracer.start(
+            from.parent,
+            from.state.as_ref(),
+            format!("process {route}"),
+            Kind::Consumer,
+        )?;
+        if let Some(p) = from.parent {
+            span.link(p);
+        }
+        span.set("messaging.system", "idemgate");
+        span.set("messaging.operation.type", "process");
+        span.set("messaging.operation.name", "deliver");
+        span.set("messaging.destination.name", route.to_string());
+        span.set("messaging.message.id", held.key.key.clone());
+        span.set("idemgate.route", route.to_string());
+        span.set("idemgate.attempt", attempt);
+        Some(span)
     }
 
     /// Acknowledges a delivered entry, retrying briefly (an unacknowledged one would be
