@@ -15,8 +15,9 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     // Leaves and the config: upstream, logging and inject name no other module today.
     &["config", "upstream", "logging", "inject"],
-    // Both need only config: metrics its route settings, providers the parsed routes.
-    &["providers", "metrics"],
+    // Each needs only config: metrics its route settings, providers the parsed routes,
+    // trace its `[tracing]` section.
+    &["providers", "metrics", "trace"],
     &["store"],
     &["answer"],
     &["queue"],

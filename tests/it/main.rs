@@ -27,6 +27,7 @@ mod e2e_providers;
 mod e2e_roundtrips;
 mod e2e_soak;
 mod e2e_tls;
+mod e2e_tracing;
 mod inject;
 mod layering;
 mod pacing_conformance;

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod injector;
 pub mod load;
 pub mod monitor;
+pub mod otlp;
 pub mod preset_stack;
 pub mod probe_app;
 pub mod signer;
@@ -959,7 +960,8 @@ impl SidecarBuilder {
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
             cmd.arg("run").arg("--config").arg(&cfg_path);
             for (k, _) in std::env::vars() {
-                if k.starts_with("IDEMGATE_") {
+                // OTEL_*: a developer's own collector settings must not trace the tests.
+                if k.starts_with("IDEMGATE_") || k.starts_with("OTEL_") {
                     cmd.env_remove(k);
                 }
             }
