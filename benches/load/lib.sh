@@ -14,6 +14,29 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Installs what the load scripts run (Debian's nginx-light, wrk, redis-server) when missing.
+install_missing() {
+  local need=()
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+  command -v wrk >/dev/null 2>&1 || need+=(wrk)
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "installing ${need[*]}" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+}
+
+# wrk over the request data in $1 (gen_requests.py) against $2; prints its RESULT line.
+run_wrk() {
+  IDEMGATE_LOAD_DIR="$1" wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 10s \
+    -s benches/load/deliveries.lua "$2" | grep '^RESULT'
+}
+field() { sed -E "s/.* $2=([0-9]+).*/\1/" <<<" $1"; } # RESULT-line field-name -> value
+cpu_ticks() { awk '{print $14+$15}' /proc/"$1"/stat; }
+ticks_of() { local t=0 p; for p in "$@"; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
+per_1000() { python3 -c "print(f'{$1/$(getconf CLK_TCK)/($2/1000):.3f}')"; } # ticks requests -> CPU s / 1000
+
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1]);s.close()'; }
 wait_port() {
   for _ in $(seq 1 200); do

@@ -29,16 +29,8 @@ RATE_SECONDS=${RATE_SECONDS:-$DURATION}
 DUP_SHARE=${DUP_SHARE:-0.5}
 COPY_SHARE=${COPY_SHARE:-0.98}
 PEER=${PEER:-1}
-need=()
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
-command -v wrk >/dev/null 2>&1 || need+=(wrk)
-command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]}" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
 . benches/load/lib.sh
+install_missing
 
 peer_skip=""
 if [ "$PEER" != 1 ]; then
@@ -80,21 +72,11 @@ start_idemgate() {
   IDLE_RSS_KB=$(awk '/VmRSS/{print $2}' /proc/$IG_PID/status)
 }
 stop_idemgate() { kill -TERM "$IG_PID" 2>/dev/null || true; wait "$IG_PID" 2>/dev/null || true; }
-cpu_ticks() { awk '{print $14+$15}' /proc/"$1"/stat; }
-ticks_of() { local t=0 p; for p in "$@"; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
-per_1000() { python3 -c "print(f'{$1/$(getconf CLK_TCK)/($2/1000):.3f}')"; } # ticks requests -> CPU s / 1000
-
 # Request data: enough fresh ids for DURATION at up to 20k req/s per thread.
 PER_THREAD=${PER_THREAD:-$((DURATION * 20000))}
 python3 benches/load/gen_requests.py "$work/fresh" "$THREADS" "$PER_THREAD" 0 "$SECRET"
 python3 benches/load/gen_requests.py "$work/half" "$THREADS" "$PER_THREAD" "$DUP_SHARE" "$SECRET"
 python3 benches/load/gen_requests.py "$work/copies" "$THREADS" "$PER_THREAD" "$COPY_SHARE" "$SECRET"
-
-run_wrk() { # data-dir url -> RESULT line
-  IDEMGATE_LOAD_DIR="$1" wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 10s \
-    -s benches/load/deliveries.lua "$2" | grep '^RESULT'
-}
-field() { sed -E "s/.* $2=([0-9]+).*/\1/" <<<" $1"; }
 
 rows=()
 declare -A rps_of

@@ -247,6 +247,8 @@ mod tests {
         assert_eq!(c.traces_url.unwrap(), "http://c:9/x");
         let c = read(raw(), &[("OTEL_SDK_DISABLED", "true")]).unwrap();
         assert_eq!(c.traces_url, None);
+        let c = read(raw(), &[("OTEL_TRACES_EXPORTER", "none")]).unwrap();
+        assert_eq!(c.traces_url, None);
     }
 
     #[test]

@@ -50,8 +50,8 @@ pub fn decide(claim: Claim, policy: InFlightPolicy, waited: bool) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use crate::answer::tests::stored;
+    use std::time::Duration;
 
     #[test]
     fn each_claim_outcome_gets_its_answer() {

@@ -124,6 +124,14 @@ async fn a_providers_trace_continues_through_the_sidecar_to_the_application() {
         Some(format!("{}{PATH}", up.url().trim_end_matches('/')))
     );
     assert_eq!(one(&spans, "claim").span.kind, CLIENT);
+    assert_eq!(
+        one(&spans, "claim").str("db.operation.name").as_deref(),
+        Some("claim")
+    );
+    assert!(
+        server.span.status.as_ref().is_none_or(|s| s.code != 2),
+        "not an error"
+    );
     let verify = one(&spans, "verify");
     let claim = one(&spans, "claim");
     assert!(verify.span.end_time_unix_nano <= claim.span.start_time_unix_nano);
@@ -171,6 +179,36 @@ async fn a_providers_trace_continues_through_the_sidecar_to_the_application() {
         types.iter().all(|t| t == "application/x-protobuf"),
         "{types:?}"
     );
+}
+
+/// A delivery the application fails: the forward and the delivery carry the error,
+/// and the claim is released in a span of its own.
+#[tokio::test]
+async fn a_failed_delivery_is_marked_and_its_release_traced() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Status(503)]);
+    let collector = Collector::start(Answering::Ok).await;
+    let sc = traced(&up, &redis, &collector, "").start().await;
+    let d = Delivery::fresh().header("traceparent", &traceparent(TRACE, CALLER, "01"));
+    assert_eq!(sc.send(&d).await.status, 503);
+    let spans = collector.wait_trace(TRACE, 5, 10 * SEC).await;
+    let server = one(&spans, "POST /webhooks/wh");
+    assert_eq!(
+        server.str("idemgate.outcome").as_deref(),
+        Some("upstream_error")
+    );
+    assert_eq!(
+        server.span.status.as_ref().map(|s| s.code),
+        Some(2),
+        "status Error"
+    );
+    let forward = one(&spans, "POST");
+    assert_eq!(forward.str("error.type").as_deref(), Some("503"));
+    assert_eq!(forward.span.status.as_ref().map(|s| s.code), Some(2));
+    let release = one(&spans, "release");
+    assert_eq!(release.parent_hex(), server.id_hex());
+    assert!(named(&spans, "complete").is_empty());
 }
 
 #[tokio::test]
