@@ -26,6 +26,7 @@ use idemgate::providers::{KeySource, Verifier, fingerprint_body};
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, StoredResponse,
 };
+use idemgate::trace::Tracer;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -256,27 +257,43 @@ fn whole_delivery(c: &mut Criterion) {
         .build()
         .unwrap();
     let upstream = rt.block_on(start_upstream());
-    let text = format!(
-        "upstream = \"http://{upstream}\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
-         [[route]]\nname = \"b\"\npath = \"/wh\"\nprovider = \"standard\"\nsecrets = [\"{SECRET}\"]\n"
-    );
-    let (config, routes) = idemgate::providers::from_toml_with_env(&text, |_| None).unwrap();
-    let lifetimes = Lifetimes {
-        lease: config.dedup.lease,
-        retention: config.dedup.retention,
+    // The same gate twice: tracing off, and every delivery traced (start_traces) with
+    // its spans exported to a sink answering any POST 200.
+    let gate_with = |tracing: &str| {
+        let text = format!(
+            "upstream = \"http://{upstream}\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             [[route]]\nname = \"b\"\npath = \"/wh\"\nprovider = \"standard\"\nsecrets = [\"{SECRET}\"]\n{tracing}"
+        );
+        let (config, routes) = idemgate::providers::from_toml_with_env(&text, |_| None).unwrap();
+        let lifetimes = Lifetimes {
+            lease: config.dedup.lease,
+            retention: config.dedup.retention,
+        };
+        rt.block_on(async {
+            let metrics = Arc::new(Metrics::new());
+            let tracer = Tracer::new(&config.tracing, &metrics.trace_spans_dropped);
+            let gate = Gate::new(&config, &routes, MemoryStore::new(lifetimes), metrics, None);
+            Arc::new(gate.unwrap().with_tracer(tracer))
+        })
     };
-    let gate = rt.block_on(async {
-        Arc::new(
-            Gate::new(
-                &config,
-                &routes,
-                MemoryStore::new(lifetimes),
-                Arc::new(Metrics::new()),
-                None,
-            )
-            .unwrap(),
-        )
+    let gate = gate_with("");
+    // The collector runs on a thread of its own: its reading of the exports is not
+    // the sidecar's cost.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let sink_rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        sink_rt.block_on(async {
+            tx.send(start_upstream().await).unwrap();
+            std::future::pending::<()>().await
+        })
     });
+    let sink = rx.recv().unwrap();
+    let traced = gate_with(&format!(
+        "[tracing]\notlp_endpoint = \"http://{sink}\"\nstart_traces = true\n"
+    ));
     let body = Bytes::from(body_of(1024));
     let ts = now();
     let request = |id: &str| {
@@ -316,6 +333,80 @@ fn whole_delivery(c: &mut Criterion) {
                     assert!(a.headers().contains_key("idempotent-replayed"));
                 }
             },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("first_delivery_forwarded_traced", |b| {
+        b.to_async(&rt).iter_batched(
+            || {
+                n += 1;
+                request(&format!("msg_{n}"))
+            },
+            |req| {
+                let gate = traced.clone();
+                async move {
+                    let a = gate.handle(req).await;
+                    assert_eq!(a.status(), 200);
+                }
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    rt.block_on(async { assert_eq!(traced.handle(request("dup")).await.status(), 200) });
+    g.bench_function("duplicate_replayed_traced", |b| {
+        b.to_async(&rt).iter_batched(
+            || request("dup"),
+            |req| {
+                let gate = traced.clone();
+                async move {
+                    let a = gate.handle(req).await;
+                    assert!(a.headers().contains_key("idempotent-replayed"));
+                }
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+    // Spans the exporter dropped would make the traced figures look cheaper than they are.
+    let dropped = &traced.metrics().trace_spans_dropped;
+    eprintln!(
+        "traced deliveries: spans dropped queue_full={} export_failed={}",
+        dropped.with_label_values(&["queue_full"]).get(),
+        dropped.with_label_values(&["export_failed"]).get()
+    );
+}
+
+/// What exporting costs per span: a batch of 512 delivery-like spans encoded as OTLP.
+fn trace_encoding(c: &mut Criterion) {
+    use idemgate::trace::{Kind, SpanContext, SpanData, Value};
+    let span = |i: u8| SpanData {
+        context: SpanContext {
+            trace_id: [i; 16],
+            span_id: [i; 8],
+            flags: 1,
+        },
+        parent: Some([7; 8]),
+        name: "POST /webhooks/orders".into(),
+        kind: Kind::Server,
+        start: 1,
+        end: 2,
+        attributes: vec![
+            ("http.request.method", Value::from("POST")),
+            ("http.route", Value::from("/webhooks/orders".to_string())),
+            ("url.path", Value::from("/webhooks/orders".to_string())),
+            ("idemgate.route", Value::from("orders".to_string())),
+            ("idemgate.outcome", Value::from("forwarded")),
+            ("idemgate.replayed", Value::from(false)),
+            ("http.response.status_code", Value::from(200u16)),
+        ],
+        ..SpanData::default()
+    };
+    let mut g = c.benchmark_group("trace_export");
+    g.throughput(Throughput::Elements(512));
+    g.bench_function("encode_512_spans", |b| {
+        b.iter_batched(
+            || (0..512).map(|i| span(i as u8)).collect::<Vec<_>>(),
+            |batch| idemgate::trace::encode("idemgate", batch),
             criterion::BatchSize::SmallInput,
         )
     });
@@ -415,6 +506,7 @@ criterion_group!(
     verification,
     provider_schemes,
     stores,
-    whole_delivery
+    whole_delivery,
+    trace_encoding
 );
 criterion_main!(benches);

@@ -10,16 +10,18 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use std::sync::Mutex;
+
 use prometheus::IntCounter;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 use super::SpanData;
 
 /// Spans waiting for export; one more is dropped (OpenTelemetry SDKs' default size).
-pub const QUEUE: usize = 2048;
+const QUEUE: usize = 2048;
 /// The most spans in one request.
 const BATCH: usize = 512;
-/// How long the first span of a batch waits for others.
+/// How often a batch that is not full is sent.
 const EVERY: Duration = Duration::from_secs(1);
 /// One export request's bound.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,6 +29,40 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub const FLUSH: Duration = Duration::from_secs(2);
 /// A collector's answer is read (and dropped) up to this size.
 const MAX_ANSWER: usize = 64 * 1024;
+
+/// The finished spans waiting for the exporter. A span costs its delivery a lock and
+/// a push; the exporter is woken only when a batch is full (or by its own timer), not
+/// once per span.
+#[derive(Default)]
+pub struct Queue {
+    spans: Mutex<Vec<SpanData>>,
+    batch_ready: Notify,
+}
+
+impl Queue {
+    /// Adds a span; false (dropped) when `QUEUE` spans already wait.
+    pub fn push(&self, span: SpanData) -> bool {
+        let mut spans = self.spans.lock().expect("not poisoned");
+        if spans.len() >= QUEUE {
+            return false;
+        }
+        spans.push(span);
+        if spans.len() == BATCH {
+            self.batch_ready.notify_one();
+        }
+        true
+    }
+
+    /// Takes up to `BATCH` spans, oldest first.
+    fn take(&self) -> Vec<SpanData> {
+        let mut spans = self.spans.lock().expect("not poisoned");
+        if spans.len() <= BATCH {
+            return std::mem::take(&mut *spans);
+        }
+        let rest = spans.split_off(BATCH);
+        std::mem::replace(&mut *spans, rest)
+    }
+}
 
 pub struct Exporter {
     client: Client<HttpConnector, Full<Bytes>>,
@@ -54,62 +90,47 @@ impl Exporter {
         }
     }
 
-    /// Exports until told to stop (then flushes what is queued) or until every tracer
-    /// is gone.
+    /// Exports a batch whenever one is full or a second has passed, until told to stop
+    /// (then flushes what is queued).
     pub async fn run(
         mut self,
-        mut spans: mpsc::Receiver<SpanData>,
+        queue: std::sync::Arc<Queue>,
         mut stop: oneshot::Receiver<oneshot::Sender<()>>,
     ) {
         loop {
-            let first = tokio::select! {
-                s = spans.recv() => match s {
-                    Some(s) => s,
-                    None => return,
-                },
-                Ok(done) = &mut stop => return self.flush(spans, Vec::new(), done).await,
-            };
-            let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + EVERY;
-            while batch.len() < BATCH {
-                tokio::select! {
-                    s = spans.recv() => match s {
-                        Some(s) => batch.push(s),
-                        None => break,
-                    },
-                    _ = tokio::time::sleep_until(deadline) => break,
-                    Ok(done) = &mut stop => return self.flush(spans, batch, done).await,
+            tokio::select! {
+                _ = queue.batch_ready.notified() => {}
+                _ = tokio::time::sleep(EVERY) => {}
+                Ok(done) = &mut stop => return self.flush(&queue, done).await,
+            }
+            loop {
+                let batch = queue.take();
+                if batch.is_empty() {
+                    break;
+                }
+                let full = batch.len() == BATCH;
+                self.post(batch, TIMEOUT).await;
+                if !full {
+                    break;
                 }
             }
-            self.post(batch, TIMEOUT).await;
         }
     }
 
-    /// Sends `batch` and whatever is still queued, within `FLUSH`, then says so.
-    async fn flush(
-        mut self,
-        mut spans: mpsc::Receiver<SpanData>,
-        mut batch: Vec<SpanData>,
-        done: oneshot::Sender<()>,
-    ) {
-        spans.close();
+    /// Sends whatever is queued, within `FLUSH`, then says so.
+    async fn flush(mut self, queue: &Queue, done: oneshot::Sender<()>) {
         let deadline = tokio::time::Instant::now() + FLUSH;
         loop {
-            while batch.len() < BATCH {
-                match spans.try_recv() {
-                    Ok(s) => batch.push(s),
-                    Err(_) => break,
-                }
-            }
+            let batch = queue.take();
             if batch.is_empty() {
                 break;
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 self.failed.inc_by(batch.len() as u64);
-                break;
+                continue;
             }
-            self.post(std::mem::take(&mut batch), left).await;
+            self.post(batch, left).await;
         }
         let _ = done.send(());
     }

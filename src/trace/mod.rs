@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use prometheus::{IntCounter, IntCounterVec};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::config::{Root, Sampler, TracingConfig};
 
@@ -32,7 +32,7 @@ pub use span::{Kind, Record, Span, SpanData, Value};
 pub(crate) struct Inner {
     sampler: Sampler,
     start_traces: bool,
-    queue: mpsc::Sender<SpanData>,
+    queue: Arc<export::Queue>,
     queue_full: IntCounter,
     /// Asks the exporter to flush and stop; it answers on the enclosed sender.
     stop: Mutex<Option<oneshot::Sender<oneshot::Sender<()>>>>,
@@ -42,7 +42,7 @@ impl Inner {
     /// Queues a finished span, or counts it dropped when the queue is full: a delivery
     /// never waits for tracing.
     fn send(&self, span: SpanData) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(span) {
+        if !self.queue.push(span) {
             self.queue_full.inc();
         }
     }
@@ -59,14 +59,14 @@ impl Tracer {
         let Some(url) = config.traces_url.clone() else {
             return Tracer(None);
         };
-        let (queue, rx) = mpsc::channel(export::QUEUE);
+        let queue = Arc::new(export::Queue::default());
         let (stop, stopped) = oneshot::channel();
         let exporter = export::Exporter::new(
             url,
             config.service_name.clone(),
             dropped.with_label_values(&["export_failed"]),
         );
-        tokio::spawn(exporter.run(rx, stopped));
+        tokio::spawn(exporter.run(queue.clone(), stopped));
         Tracer(Some(Arc::new(Inner {
             sampler: config.sampler,
             start_traces: config.start_traces,
