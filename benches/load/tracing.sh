@@ -38,8 +38,6 @@ python3 -c "import socket,time;s=socket.socket();s.bind(('127.0.0.1',$HANG_PORT)
 pids+=($!)
 wait_port "$HANG_PORT"
 
-python3 benches/load/gen_requests.py "$work/fresh" "$THREADS" "$((DURATION * 20000))" 0 "$SECRET"
-
 tracing_section() { # setting -> the [tracing] lines
   case $1 in
     off) ;;
@@ -52,6 +50,8 @@ tracing_section() { # setting -> the [tracing] lines
 
 rows=()
 for round in $(seq 1 "$ROUNDS"); do
+  # Signed afresh each round: a round takes minutes, the timestamp window is 5.
+  python3 benches/load/gen_requests.py "$work/fresh" "$THREADS" "$((DURATION * 20000))" 0 "$SECRET"
   for setting in off sink-100% sink-10% refused hanging; do
     port=$(free_port); admin=$(free_port)
     redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
