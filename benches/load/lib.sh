@@ -3,6 +3,12 @@
 # nginx, the nginx + Lua + Redis peer, and idemgate's config for the load route.
 
 SECRET="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+# wrk's and loadgen's shape, unless the caller set them.
+DURATION=${DURATION:-10}
+THREADS=${THREADS:-2}
+CONNS=${CONNS:-32}
+RATE=${RATE:-2000}
+RATE_SECONDS=${RATE_SECONDS:-$DURATION}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 work=$(mktemp -d)

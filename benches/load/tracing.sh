@@ -16,11 +16,6 @@
 #   cargo build --release --bin idemgate --example loadgen && benches/load/tracing.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DURATION=${DURATION:-10}
-THREADS=${THREADS:-2}
-CONNS=${CONNS:-32}
-RATE=${RATE:-2000}
-RATE_SECONDS=${RATE_SECONDS:-$DURATION}
 ROUNDS=${ROUNDS:-1}
 . benches/load/lib.sh
 install_missing

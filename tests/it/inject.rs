@@ -5,12 +5,10 @@
 //! `IDEMGATE_UPDATE_GOLDEN=1 cargo test --test it inject::` and review the diff: every
 //! output there is also validated against the Kubernetes schemas by scripts/k8s-checks.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
-/// The image used by the golden outputs, so that they do not change with the version.
-const IMAGE: &str = "registry.example.com/idemgate:test";
+// IMAGE: the image the golden outputs name, so that they do not change with the version.
+use crate::common::injector::{IMAGE, InjectRun, inject};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -18,40 +16,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `idemgate inject ARGS`, with `stdin` as standard input.
-fn inject(args: &[&str], stdin: &str) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .arg("inject")
-        .args(args)
-        .env_remove("IDEMGATE_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn idemgate");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("idemgate inject finishes");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(out.stdout).expect("UTF-8 stdout"),
-        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
-    }
-}
-
 /// Injects the fixture `input` with `args` and compares stdout with the fixture
 /// `expected` (written instead when IDEMGATE_UPDATE_GOLDEN is set). Returns the run.
-fn golden(input: &str, args: &[&str], expected: &str) -> Run {
+fn golden(input: &str, args: &[&str], expected: &str) -> InjectRun {
     let path = fixture(input);
     let path = path.to_str().expect("UTF-8 path");
     let mut all = vec!["--image", IMAGE];
@@ -74,7 +41,7 @@ fn golden(input: &str, args: &[&str], expected: &str) -> Run {
     run
 }
 
-fn assert_fails(run: &Run, message: &str) {
+fn assert_fails(run: &InjectRun, message: &str) {
     assert_eq!(run.code, 1, "expected exit 1; stderr: {}", run.stderr);
     assert!(run.stdout.is_empty(), "nothing on stdout on error");
     assert!(

@@ -224,32 +224,47 @@ pub fn replicaset_pod() -> Value {
     })
 }
 
-/// What `idemgate inject ARGS` makes of `pod`, as JSON.
-pub fn injected_by_cli(pod: &Value, args: &[&str]) -> Value {
+/// What a run of `idemgate inject` printed and how it ended.
+pub struct InjectRun {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `idemgate inject ARGS`, with `stdin` as standard input.
+pub fn inject(args: &[&str], stdin: &str) -> InjectRun {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .args(["inject", "--image", IMAGE])
+        .arg("inject")
         .args(args)
         .env_remove("IDEMGATE_CONFIG")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn idemgate inject");
-    // JSON is YAML: inject reads the pod as it is.
+        .expect("spawn idemgate");
     child
         .stdin
         .take()
-        .unwrap()
-        .write_all(pod.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().expect("idemgate inject");
-    assert!(
-        out.status.success(),
-        "inject: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("idemgate inject finishes");
+    InjectRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+/// What `idemgate inject ARGS` makes of `pod`, as JSON (JSON is YAML: inject reads
+/// the pod as it is).
+pub fn injected_by_cli(pod: &Value, args: &[&str]) -> Value {
+    let mut all = vec!["--image", IMAGE];
+    all.extend_from_slice(args);
+    let run = inject(&all, &pod.to_string());
+    assert_eq!(run.code, 0, "inject: {}", run.stderr);
     let yaml: serde_norway::Value =
-        serde_norway::from_slice(&out.stdout).expect("inject prints YAML");
+        serde_norway::from_str(&run.stdout).expect("inject prints YAML");
     serde_json::to_value(yaml).expect("YAML to JSON")
 }
 
