@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -17,27 +17,25 @@ const SEC: Duration = Duration::from_secs(1);
 const QUEUED: &str = "queued";
 const QUEUED_PATH: &str = "/webhooks/queued";
 
-/// The application: the async route fails (500) while `failing`; the sync route takes
-/// `delay` ms.
+/// The application: every request is answered `failing` (a status) while it is not 0;
+/// the sync route takes `delay` ms.
 struct App {
     probe: ProbeApp,
-    failing: Arc<AtomicBool>,
+    failing: Arc<AtomicU16>,
     delay: Arc<AtomicU64>,
 }
 
 async fn app() -> App {
-    let failing = Arc::new(AtomicBool::new(false));
+    let failing = Arc::new(AtomicU16::new(0));
     let delay = Arc::new(AtomicU64::new(0));
     let (f, d) = (failing.clone(), delay.clone());
-    let probe = ProbeApp::start(move |seen| {
-        if seen.path == QUEUED_PATH && f.load(Ordering::SeqCst) {
-            return Reply {
-                status: 500,
-                headers: vec![],
-                delay: Duration::ZERO,
-            };
-        }
-        Reply::ok(Duration::from_millis(d.load(Ordering::SeqCst)))
+    let probe = ProbeApp::start(move |_| match f.load(Ordering::SeqCst) {
+        0 => Reply::ok(Duration::from_millis(d.load(Ordering::SeqCst))),
+        status => Reply {
+            status,
+            headers: vec![],
+            delay: Duration::ZERO,
+        },
     })
     .await;
     App {
@@ -119,6 +117,15 @@ fn route_row(routes: &Value, name: &str) -> Value {
         .unwrap_or_else(|| panic!("no route {name} in {routes}"))
 }
 
+/// Waits until the async route holds `n` dead letters.
+async fn wait_dead_letters(sc: &Sidecar, n: u64) {
+    let end = Instant::now() + 20 * SEC;
+    while route_row(&call(sc, "GET", "/admin/routes", None).await.1, QUEUED)["dead_letters"] != n {
+        assert!(Instant::now() < end, "dead letters never reached {n}");
+        tokio::time::sleep(SEC / 4).await;
+    }
+}
+
 // Multi-threaded: the CLI runs as a blocking child process while the application (a
 // task of this runtime) must keep answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,19 +201,15 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
 
     // Dead letters (max_attempts = 1 against a failing application), redriven in bulk
     // from the CLI once it recovers: a sidecar takes the job, each delivered once.
-    app.failing.store(true, Ordering::SeqCst);
+    app.failing.store(500, Ordering::SeqCst);
     let dead: Vec<Delivery> = (0..5)
         .map(|_| Delivery::fresh().path(QUEUED_PATH))
         .collect();
     for d in &dead {
         assert_eq!(a.send(d).await.status, 200);
     }
-    let end = Instant::now() + 20 * SEC;
-    while route_row(&call(&a, "GET", "/admin/routes", None).await.1, QUEUED)["dead_letters"] != 5 {
-        assert!(Instant::now() < end, "dead letters never reached 5");
-        tokio::time::sleep(SEC / 4).await;
-    }
-    app.failing.store(false, Ordering::SeqCst);
+    wait_dead_letters(&a, 5).await;
+    app.failing.store(0, Ordering::SeqCst);
     let started = cli.json(&["jobs", "start", "--kind", "redrive", "--route", QUEUED]);
     assert_eq!(
         (&started["total"], &started["state"]),
