@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -17,27 +17,25 @@ const SEC: Duration = Duration::from_secs(1);
 const QUEUED: &str = "queued";
 const QUEUED_PATH: &str = "/webhooks/queued";
 
-/// The application: the async route fails (500) while `failing`; the sync route takes
-/// `delay` ms.
+/// The application: every request is answered `failing` (a status) while it is not 0;
+/// the sync route takes `delay` ms.
 struct App {
     probe: ProbeApp,
-    failing: Arc<AtomicBool>,
+    failing: Arc<AtomicU16>,
     delay: Arc<AtomicU64>,
 }
 
 async fn app() -> App {
-    let failing = Arc::new(AtomicBool::new(false));
+    let failing = Arc::new(AtomicU16::new(0));
     let delay = Arc::new(AtomicU64::new(0));
     let (f, d) = (failing.clone(), delay.clone());
-    let probe = ProbeApp::start(move |seen| {
-        if seen.path == QUEUED_PATH && f.load(Ordering::SeqCst) {
-            return Reply {
-                status: 500,
-                headers: vec![],
-                delay: Duration::ZERO,
-            };
-        }
-        Reply::ok(Duration::from_millis(d.load(Ordering::SeqCst)))
+    let probe = ProbeApp::start(move |_| match f.load(Ordering::SeqCst) {
+        0 => Reply::ok(Duration::from_millis(d.load(Ordering::SeqCst))),
+        status => Reply {
+            status,
+            headers: vec![],
+            delay: Duration::ZERO,
+        },
     })
     .await;
     App {
@@ -119,6 +117,15 @@ fn route_row(routes: &Value, name: &str) -> Value {
         .unwrap_or_else(|| panic!("no route {name} in {routes}"))
 }
 
+/// Waits until the async route holds `n` dead letters.
+async fn wait_dead_letters(sc: &Sidecar, n: u64) {
+    let end = Instant::now() + 20 * SEC;
+    while route_row(&call(sc, "GET", "/admin/routes", None).await.1, QUEUED)["dead_letters"] != n {
+        assert!(Instant::now() < end, "dead letters never reached {n}");
+        tokio::time::sleep(SEC / 4).await;
+    }
+}
+
 // Multi-threaded: the CLI runs as a blocking child process while the application (a
 // task of this runtime) must keep answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,19 +201,15 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
 
     // Dead letters (max_attempts = 1 against a failing application), redriven in bulk
     // from the CLI once it recovers: a sidecar takes the job, each delivered once.
-    app.failing.store(true, Ordering::SeqCst);
+    app.failing.store(500, Ordering::SeqCst);
     let dead: Vec<Delivery> = (0..5)
         .map(|_| Delivery::fresh().path(QUEUED_PATH))
         .collect();
     for d in &dead {
         assert_eq!(a.send(d).await.status, 200);
     }
-    let end = Instant::now() + 20 * SEC;
-    while route_row(&call(&a, "GET", "/admin/routes", None).await.1, QUEUED)["dead_letters"] != 5 {
-        assert!(Instant::now() < end, "dead letters never reached 5");
-        tokio::time::sleep(SEC / 4).await;
-    }
-    app.failing.store(false, Ordering::SeqCst);
+    wait_dead_letters(&a, 5).await;
+    app.failing.store(0, Ordering::SeqCst);
     let started = cli.json(&["jobs", "start", "--kind", "redrive", "--route", QUEUED]);
     assert_eq!(
         (&started["total"], &started["state"]),
@@ -409,4 +412,151 @@ async fn an_interrupted_job_finishes_when_started_again() {
     )
     .await;
     assert_no_double_replay(&app, &ds, &job);
+}
+
+/// Starts a job through `sc`'s API and waits until it is done; checks that it took on
+/// `total` items and settled each one well.
+async fn run_job(sc: &Sidecar, job: Value, total: u64) {
+    let (s, started) = call(sc, "POST", "/admin/jobs", Some(job.clone())).await;
+    assert_eq!(
+        (s, &started["total"]),
+        (202, &json!(total)),
+        "{job} → {started}"
+    );
+    let path = format!("/admin/jobs/{}", started["id"].as_str().unwrap());
+    let show = async || call(sc, "GET", &path, None).await.1;
+    let done = wait_job(&job.to_string(), 30 * SEC, show, "done").await;
+    let settled = (&done["done"], &done["failed"]);
+    assert_eq!(settled, (&json!(total), &json!(0)), "{job} → {done}");
+}
+
+/// The application's calls per key of `route`, `(calls, 2xx)`: `want[i]` for each
+/// delivery of `groups[i]`, and no call for any other key.
+fn assert_calls(app: &App, route: &str, groups: &[&[Delivery]], want: &[(usize, usize)]) {
+    let expected: HashMap<String, (usize, usize)> = groups
+        .iter()
+        .zip(want)
+        .flat_map(|(ds, n)| ds.iter().map(move |d| (format!("{route}:{}", d.id), *n)))
+        .collect();
+    let path = if route == QUEUED { QUEUED_PATH } else { PATH };
+    assert_eq!(calls_per_key(&app.probe.calls(), path), expected);
+}
+
+/// The delivery log's entries of `ds` on the sync route, and the first and last of
+/// their `first_seen`.
+async fn logged(sc: &Sidecar, ds: &[Delivery]) -> (Vec<Value>, u64, u64) {
+    let mut entries = Vec::new();
+    for d in ds {
+        let (s, e) = call(sc, "GET", &delivery_path(ROUTE, &d.id), None).await;
+        assert_eq!(s, 200, "{e}");
+        entries.push(e);
+    }
+    let seen = entries.iter().map(|e| e["first_seen"].as_u64().unwrap());
+    let (first, last) = (seen.clone().min().unwrap(), seen.max().unwrap());
+    (entries, first, last)
+}
+
+/// A replay job acts on the deliveries its filter selects and on no other: a time
+/// window (`since`, `until` on first seen), a `status`, an `outcome`, each job picking
+/// one of three groups of deliveries and leaving the other two alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_job_replays_only_the_deliveries_its_filter_selects() {
+    let redis = RedisServer::start_new();
+    let app = app().await;
+    let a = builder_with_queue(&app, &redis).start().await;
+    // Three groups first seen 50 ms apart: x and y completed, z released (the
+    // application answered 500).
+    let x = completed(&a, &app, 3).await;
+    tokio::time::sleep(SEC / 20).await;
+    let y = completed(&a, &app, 3).await;
+    tokio::time::sleep(SEC / 20).await;
+    app.failing.store(500, Ordering::SeqCst);
+    let z: Vec<Delivery> = (0..3).map(|_| Delivery::fresh()).collect();
+    for d in &z {
+        a.send(d).await;
+    }
+    app.failing.store(0, Ordering::SeqCst);
+    let (lx, _, x_last) = logged(&a, &x).await;
+    let (ly, y_first, y_last) = logged(&a, &y).await;
+    let (lz, z_first, _) = logged(&a, &z).await;
+    assert!(x_last < y_first && y_last < z_first, "{lx:?} {ly:?} {lz:?}");
+    assert!(lz.iter().all(|e| e["status"] == "released"), "{lz:?}");
+    let (since, until) = (x_last + 1, y_last + 1);
+
+    // Each filter picks one group: the window y (x was first seen before `since`, z at
+    // `until` or later), `released` z (x and y completed), `forwarded` x (y and z were
+    // last settled by the replays). The application's calls per group after each job:
+    for (filter, after) in [
+        (
+            json!({"since": since, "until": until}),
+            [(1, 1), (2, 2), (1, 0)],
+        ),
+        (json!({"status": "released"}), [(1, 1), (2, 2), (2, 1)]),
+        (json!({"outcome": "forwarded"}), [(2, 2), (2, 2), (2, 1)]),
+    ] {
+        let job = json!({"kind": "replay", "route": ROUTE, "filter": filter});
+        run_job(&a, job, 3).await;
+        assert_calls(&app, ROUTE, &[&x, &y, &z], &after);
+    }
+}
+
+/// A redrive job puts back the dead letters its filter selects and no other: those
+/// dead longer than `older_than`, those whose last error contains `error_contains`;
+/// the rest stay dead letters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_job_redrives_only_the_dead_letters_its_filter_selects() {
+    let redis = RedisServer::start_new();
+    let app = app().await;
+    let a = builder_with_queue(&app, &redis).start().await;
+    // Three groups of dead letters (max_attempts = 1): old ones and young ones the
+    // application answered 500, young ones it answered 502.
+    let mut dead = Vec::new();
+    for (status, age) in [(500, 3 * SEC), (500, Duration::ZERO), (502, Duration::ZERO)] {
+        app.failing.store(status, Ordering::SeqCst);
+        let ds: Vec<Delivery> = (0..2)
+            .map(|_| Delivery::fresh().path(QUEUED_PATH))
+            .collect();
+        for d in &ds {
+            assert_eq!(a.send(d).await.status, 200);
+        }
+        dead.push(ds);
+        wait_dead_letters(&a, 2 * dead.len() as u64).await;
+        tokio::time::sleep(age).await;
+    }
+    app.failing.store(0, Ordering::SeqCst);
+    let (old, young, other) = (&dead[0], &dead[1], &dead[2]);
+
+    // Each filter picks one group: dead for 2 s or more the old ones (the young died
+    // well under 2 s ago), failed with 502 `other` (the young failed with 500). The
+    // application's calls per group once the redriven ones were delivered:
+    for (filter, after, ok) in [
+        (json!({"older_than": "2s"}), [(2, 1), (1, 0), (1, 0)], 2),
+        (
+            json!({"error_contains": "502"}),
+            [(2, 1), (1, 0), (2, 1)],
+            4,
+        ),
+    ] {
+        let job = json!({"kind": "redrive", "route": QUEUED, "filter": filter});
+        run_job(&a, job, 2).await;
+        app.probe.wait_for_ok(ok, 20 * SEC).await;
+        assert_calls(&app, QUEUED, &[old, young, other], &after);
+    }
+    let (_, left) = call(
+        &a,
+        "GET",
+        &format!("/admin/dead-letters?route={QUEUED}"),
+        None,
+    )
+    .await;
+    let mut left: Vec<&str> = left["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap())
+        .collect();
+    let mut want: Vec<&str> = young.iter().map(|d| d.id.as_str()).collect();
+    left.sort();
+    want.sort();
+    assert_eq!(left, want, "the young 500s stay dead letters");
 }
