@@ -62,7 +62,7 @@ impl AsyncMode {
         }
         // The append's span: the parent (and link) of every delivery attempt, which
         // finds it in the entry's `traceparent`.
-        let mut span = trace::child(format!("send {}", key.route), Kind::Producer);
+        let mut span = trace::child_named(|| format!("send {}", key.route).into(), Kind::Producer);
         if let Some(s) = &mut span {
             headers.insert(trace::TRACEPARENT, s.context().header());
             s.set("messaging.system", "idemgate");

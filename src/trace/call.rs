@@ -5,7 +5,7 @@ use std::future::Future;
 
 use crate::upstream::{Outgoing, Upstream, UpstreamError, UpstreamResponse};
 
-use super::{Kind, Record, child};
+use super::{Kind, Record, child, child_named};
 
 /// Runs a store operation in a client span named `op` (`db.operation.name`).
 pub async fn store_op<T, E>(
@@ -28,7 +28,7 @@ pub async fn forward(
     upstream: &Upstream,
     mut out: Outgoing<'_>,
 ) -> Result<UpstreamResponse, UpstreamError> {
-    let mut span = child(out.method.as_str().to_string(), Kind::Client);
+    let mut span = child_named(|| out.method.as_str().to_string().into(), Kind::Client);
     if let Some(s) = &span {
         out.traceparent = Some(s.context().header());
         let base = upstream.base();

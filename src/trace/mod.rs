@@ -204,16 +204,13 @@ pub async fn within<F: Future>(span: Option<&Span>, work: F) -> F::Output {
 
 /// A span under the current task's span (`within`); `None` outside one.
 pub fn child(name: impl Into<Cow<'static, str>>, kind: Kind) -> Option<Span> {
+    child_named(|| name.into(), kind)
+}
+
+/// `child` with a name that is built (allocated) only when there is a span to name.
+pub fn child_named(name: impl FnOnce() -> Cow<'static, str>, kind: Kind) -> Option<Span> {
     CURRENT
-        .try_with(|c| {
-            child_of(
-                &c.inner,
-                &c.context,
-                c.trace_state.clone(),
-                name.into(),
-                kind,
-            )
-        })
+        .try_with(|c| child_of(&c.inner, &c.context, c.trace_state.clone(), name(), kind))
         .ok()
 }
 
