@@ -190,8 +190,12 @@ async fn a_failed_delivery_is_marked_and_its_release_traced() {
     up.push_modes(vec![Mode::Status(503)]);
     let collector = Collector::start(Answering::Ok).await;
     let sc = traced(&up, &redis, &collector, "").start().await;
-    let d = Delivery::fresh().header("traceparent", &traceparent(TRACE, CALLER, "01"));
+    // A query can carry a token: it reaches the application, never an attribute.
+    let d = Delivery::fresh()
+        .path(&format!("{PATH}?token=query_secret_marker"))
+        .header("traceparent", &traceparent(TRACE, CALLER, "01"));
     assert_eq!(sc.send(&d).await.status, 503);
+    assert!(up.last().path_and_query.contains("query_secret_marker"));
     let spans = collector.wait_trace(TRACE, 5, 10 * SEC).await;
     let server = one(&spans, "POST /webhooks/wh");
     assert_eq!(
@@ -209,6 +213,11 @@ async fn a_failed_delivery_is_marked_and_its_release_traced() {
     let release = one(&spans, "release");
     assert_eq!(release.parent_hex(), server.id_hex());
     assert!(named(&spans, "complete").is_empty());
+    for s in &spans {
+        for v in s.values() {
+            assert!(!v.contains("query_secret_marker"), "{:?}: {v}", s.span.name);
+        }
+    }
 }
 
 #[tokio::test]
