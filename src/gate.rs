@@ -26,7 +26,7 @@ use crate::upstream::{Outgoing, Upstream};
 mod decide;
 /// Forwarding without a claim: handshakes, keyless requests, a bypassed store.
 mod unclaimed;
-/// The answer to a completion replicas did not confirm.
+/// Recording a 2xx's completion, and the answer when the store does not hold it.
 mod unconfirmed;
 
 pub use decide::{Step, decide};
@@ -45,6 +45,7 @@ struct Delivery<'a> {
     parts: &'a http::request::Parts,
     body: Bytes,
     key: &'a DeliveryKey,
+    fp: &'a providers::Fingerprint,
     upstream_key: Option<HeaderValue>,
     token: Token,
 }
@@ -427,6 +428,7 @@ impl<S: Store> Gate<S> {
                         parts: &parts,
                         body,
                         key: &dkey,
+                        fp: &fp,
                         upstream_key,
                         token,
                     };
@@ -563,6 +565,7 @@ impl<S: Store> Gate<S> {
             parts,
             body,
             key,
+            fp,
             upstream_key,
             token,
         } = delivery;
@@ -589,28 +592,16 @@ impl<S: Store> Gate<S> {
         match result {
             Ok(resp) if route.success.completes(resp.status, &resp.body) => {
                 let stored = StoredResponse::from(&resp);
-                match self
-                    .timed(
-                        StoreOp::Complete,
-                        trace::store_op(
-                            "complete",
-                            self.store.complete(key, token, &stored, Some(&settled)),
-                        ),
-                    )
-                    .await
-                {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        rm.lease_lost.inc();
-                        tracing::warn!(route = &*route.name, key = %key.key, "lease lost before completion was recorded; the key frees at lease expiry");
-                    }
-                    Err(e) => {
-                        rm.lease_lost.inc();
-                        tracing::warn!(route = &*route.name, key = %key.key, error = %e, "recording completion failed; the key frees at lease expiry");
-                        if self.store.confirms_completions() {
-                            return unconfirmed::answer();
-                        }
-                    }
+                let claimed = unconfirmed::Claimed {
+                    route,
+                    rm,
+                    key,
+                    fp,
+                    token,
+                };
+                let recorded = self.record_completion(&claimed, &stored, &settled).await;
+                if !unconfirmed::may_answer_2xx(recorded, self.store.confirms_completions()) {
+                    return unconfirmed::answer();
                 }
                 (Outcome::Forwarded, upstream_answer(resp))
             }

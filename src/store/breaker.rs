@@ -264,6 +264,17 @@ impl<S: Store> Store for Breaker<S> {
         self.observed(self.inner.release(key, token, settled)).await
     }
 
+    async fn complete_unowned(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        response: &StoredResponse,
+        settled: Option<&Settled>,
+    ) -> Result<bool, StoreError> {
+        self.observed(self.inner.complete_unowned(key, fp, response, settled))
+            .await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.gated(self.inner.ping()).await
     }

@@ -183,6 +183,20 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
         settled: Option<&log::Settled>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Records the answer of a delivery whose claim this caller no longer owns (its
+    /// lease lapsed, or a failover lost the claim record) once `complete` said false:
+    /// stored when no one else holds the key, so the provider's next copy is answered
+    /// rather than forwarded again. True when the key now holds a completion of this
+    /// payload (with `min_replicas_ack`, one the replicas confirmed, else an error);
+    /// false when another claimer, the queue or another payload holds it.
+    fn complete_unowned(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        response: &StoredResponse,
+        settled: Option<&log::Settled>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Gives the claim up so the next copy is forwarded; false when not the owner.
     /// `Some(settled)` also records how the upstream call went (and may put a failed
     /// replay back to `completed`); `None` records nothing beyond the release.

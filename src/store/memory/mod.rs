@@ -314,6 +314,39 @@ impl Store for MemoryStore {
         })
     }
 
+    /// Recorded when the key is free (absent, released, or a lapsed claim); a live
+    /// claim of anyone, a queued key or another payload's completion is left alone.
+    async fn complete_unowned(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        response: &StoredResponse,
+        settled: Option<&Settled>,
+    ) -> Result<bool, StoreError> {
+        let retention = self.lifetimes.retention;
+        self.with_entries(|map, now| {
+            if let Some(e) = map.get(key).filter(|e| e.live(now)) {
+                if e.live_owner(now).is_some() || e.differs(fp) {
+                    return false;
+                }
+                match e.status_at(now) {
+                    Status::Completed => return true,
+                    Status::Queued => return false,
+                    Status::Processing | Status::Released => {}
+                }
+            } else {
+                map.remove(key);
+            }
+            let e = map
+                .entry(key.clone())
+                .or_insert_with(|| Entry::fresh(Some(*fp), Status::Released, unix_millis(), now));
+            e.fp = Some(*fp);
+            e.complete(response, later(now, retention));
+            e.note(settled);
+            true
+        })
+    }
+
     /// One lock section with the log's fields: no copy can claim in between (nor
     /// between a failed replay and its way back to `completed`).
     async fn release(

@@ -72,6 +72,7 @@ impl ScriptDef {
 struct Scripts {
     replay: ScriptDef,
     complete: ScriptDef,
+    complete_unowned: ScriptDef,
     release: ScriptDef,
     renew: ScriptDef,
 }
@@ -190,6 +191,7 @@ impl RedisStore {
             scripts: std::sync::Arc::new(Scripts {
                 replay: ScriptDef::new(include_str!("scripts/replay.lua")),
                 complete: ScriptDef::new(include_str!("scripts/complete.lua")),
+                complete_unowned: ScriptDef::new(include_str!("scripts/complete_unowned.lua")),
                 release: ScriptDef::new(include_str!("scripts/release.lua")),
                 renew: ScriptDef::new(include_str!("scripts/renew.lua")),
             }),
@@ -479,6 +481,34 @@ impl Store for RedisStore {
             return Err(e);
         }
         Ok(owned)
+    }
+
+    async fn complete_unowned(
+        &self,
+        key: &DeliveryKey,
+        fp: &Fingerprint,
+        response: &StoredResponse,
+        settled: Option<&Settled>,
+    ) -> Result<bool, StoreError> {
+        let k = self.keys(key);
+        let mut call = Call::new(
+            &self.scripts.complete_unowned,
+            &[&k.record, &k.lock, &k.log],
+        )
+        .arg(hex::encode(fp))
+        .arg(record::completed_tail(response))
+        .arg(response.status)
+        .arg(unix_millis())
+        .arg(ms(self.lifetimes.retention));
+        if let Some(settled) = settled {
+            call = self.complete_log_args(call, settled);
+        }
+        let (reply, acked) = self.eval(&call, true).await?;
+        let recorded = matches!(int_of(&reply), Some(1 | 2));
+        if recorded && let Some(e) = self.under_replicated("completion", acked) {
+            return Err(e);
+        }
+        Ok(recorded)
     }
 
     async fn release(
