@@ -2,9 +2,11 @@
 //! replica each) and on a Sentinel-managed master, through topology changes.
 //!
 //! - concurrent copies across three sidecars on a cluster reach the upstream once;
-//! - a master killed during a storm of distinct deliveries: the sidecars keep
-//!   answering (503 while the slot has no master), and afterwards a copy of a delivery
-//!   that was answered 2xx is not forwarded again, with `min_replicas_ack = 1` never;
+//! - a master killed during a storm of distinct deliveries, after a second in which
+//!   its replica was frozen and its replication link cut: the sidecars keep answering
+//!   (503 while the slot has no master), and afterwards a copy of a delivery that was
+//!   answered 2xx is not forwarded again with `min_replicas_ack = 1` (without it,
+//!   what the master alone held is lost: counted, reported, not asserted);
 //! - the same storm across a planned Sentinel failover (`SENTINEL FAILOVER`): no copy
 //!   of a 2xx-answered delivery is forwarded again, with or without replica acks;
 //! - a Sentinel failover (the master killed, or demoted by `SENTINEL FAILOVER`): the
@@ -313,16 +315,43 @@ async fn settle_storm(
     report
 }
 
-/// Distinct deliveries from 12 senders over three sidecars; a master is killed a
-/// second in, its replica takes over, the killed node comes back as a replica; then
-/// every delivery that was answered 2xx is sent again.
+/// The process id of the redis-server listening on `port` (asked while it answers:
+/// a frozen node cannot say).
+fn pid_of_node(port: u16) -> String {
+    cli(port, &["INFO", "server"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:").map(str::to_string))
+        .expect("the node's process_id")
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: &str, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+/// Distinct deliveries from 12 senders over three sidecars. A second in, the master
+/// of one shard loses its replica for its last second: the replica is frozen
+/// (SIGSTOP) and the master's replication link cut (`CLIENT KILL TYPE replica`), so
+/// whatever that master acknowledges then exists on it alone. Then the master is
+/// killed, the replica thawed, and it takes over; the killed node comes back as a
+/// replica; then every delivery that was answered 2xx is sent again.
 async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
     let cluster = RedisCluster::start(3, 1);
     let storm = Storm::start(&cluster.url(), 3, min_replicas_ack).await;
     let victim = cluster.live_masters()[0];
+    let replica = pid_of_node(cluster.replica_of(victim));
+    signal(&replica, "-STOP");
+    cli(victim, &["CLIENT", "KILL", "TYPE", "replica"]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let started = Instant::now();
     let cluster = tokio::task::spawn_blocking(move || {
         let mut cluster = cluster;
+        cluster.node(victim).kill();
+        signal(&replica, "-CONT");
         cluster.kill_master_and_wait_failover(victim, Duration::from_secs(30));
         cluster
     })
