@@ -5,7 +5,9 @@
 //! - deliveries are forwarded once and replayed, and `/readyz` is green;
 //! - a planned failover (`SENTINEL FAILOVER`) is followed through the Sentinels'
 //!   announcements (the subscription authenticates), and deliveries keep working;
-//! - the storm across a planned failover forwards no 2xx-answered delivery twice.
+//! - the storm across a planned failover forwards no 2xx-answered delivery twice;
+//! - a `+` in `sentinel_password` is a `+`, as in the URL's own password (generated
+//!   base64 passwords hold them).
 
 use std::time::{Duration, Instant};
 
@@ -117,5 +119,36 @@ async fn planned_sentinel_failover_with_passwords_lets_no_copy_through() {
         "the storm ended before the switch: {r:?}"
     );
     assert_eq!(r.resent_replayed, r.answered_2xx, "{r:?}");
+}
+
+/// Generated passwords (base64) hold `+`, and operators paste them as they are: the
+/// URL's password keeps it as `+`, and so must `sentinel_password` (a query option,
+/// but not a form: `+` is not a space there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plus_in_the_sentinel_password_is_a_plus() {
+    let set = SentinelSet::start_with(SentinelAuth {
+        redis: Some("r3d+s/base64=".to_string()),
+        sentinel: Some("s3nt+nel+base64==".to_string()),
+    });
+    let url = set.url().replace("%2B", "+").replace("%3D", "=");
+    assert!(url.contains("sentinel_password=s3nt+nel+base64=="), "{url}");
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), &url).start().await;
+    let d = Delivery::fresh();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = sc.send(&d).await;
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.status, 503, "{a:?}");
+        assert!(
+            Instant::now() < end,
+            "deliveries still get 503 with `+` in sentinel_password:\n{}",
+            sc.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sc.wait_readyz(200, Duration::from_secs(5)).await;
 }
 
