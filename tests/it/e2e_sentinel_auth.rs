@@ -7,7 +7,8 @@
 //!   announcements (the subscription authenticates), and deliveries keep working;
 //! - the storm across a planned failover forwards no 2xx-answered delivery twice;
 //! - a `+` in `sentinel_password` is a `+`, as in the URL's own password (generated
-//!   base64 passwords hold them).
+//!   base64 passwords hold them);
+//! - Sentinels that refuse the credentials are named in the log, with the fix.
 
 use std::time::{Duration, Instant};
 
@@ -152,3 +153,35 @@ async fn a_plus_in_the_sentinel_password_is_a_plus() {
     sc.wait_readyz(200, Duration::from_secs(5)).await;
 }
 
+/// The Redis servers' password alone, to Sentinels that have one of their own: every
+/// delivery gets 503, and the log must say why and how to fix it (not stay silent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_refusing_the_credentials_are_named_in_the_log() {
+    let set = SentinelSet::start_with(auth());
+    let url = set.url();
+    let (without, _) = url.split_once('?').expect("a sentinel_password option");
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), without).start().await;
+    let a = sc.send(&Delivery::fresh()).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    poll(
+        Duration::from_secs(10),
+        "a log line naming sentinel_password",
+        || {
+            sc.stderr()
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains("sentinel_password"))
+        },
+    );
+    let log = sc.stderr();
+    let hints: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("sentinel_password"))
+        .collect();
+    assert!(hints.len() <= 2, "the hint is repeated:\n{log}");
+    eprintln!("the hint: {}", hints[0]);
+    for p in [auth().redis, auth().sentinel].into_iter().flatten() {
+        assert!(!log.contains(&p), "a password is in the log:\n{log}");
+    }
+    assert_eq!(up.requests().len(), 0);
+}
