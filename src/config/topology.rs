@@ -10,7 +10,7 @@
 //!
 //! In a Sentinel URL the user and password are those of the Redis servers; Sentinels
 //! that require a password of their own get it from `sentinel_password` (and
-//! `sentinel_username`).
+//! `sentinel_username`). Both are percent-decoded the same way (a `+` stays a `+`).
 
 use percent_encoding::percent_decode_str;
 
@@ -200,16 +200,22 @@ fn parse_sentinel(rest: &str) -> Result<SentinelTarget, String> {
     }
     let mut sentinel_username = None;
     let mut sentinel_password = None;
-    if let Some(q) = query {
-        for (k, v) in form_urlencoded::parse(q.as_bytes()) {
-            match &*k {
-                "sentinel_username" => sentinel_username = Some(v.into_owned()),
-                "sentinel_password" => sentinel_password = Some(v.into_owned()),
-                other => {
-                    return Err(format!(
-                        "has an unknown option `{other}` (known: sentinel_username, sentinel_password)"
-                    ));
-                }
+    // Percent-decoded like the user and password before the `@`, not as a form: a `+`
+    // (common in generated base64 passwords) stays a `+`.
+    for kv in query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|kv| !kv.is_empty())
+    {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        let v = decode(v)?;
+        match &*decode(k)? {
+            "sentinel_username" => sentinel_username = Some(v),
+            "sentinel_password" => sentinel_password = Some(v),
+            other => {
+                return Err(format!(
+                    "has an unknown option `{other}` (known: sentinel_username, sentinel_password)"
+                ));
             }
         }
     }
@@ -286,6 +292,15 @@ mod tests {
         assert!(Topology::parse("redis+sentinel://s1:26379").is_err());
         assert!(Topology::parse("redis+sentinel://s1:26379/m/x").is_err());
         assert!(Topology::parse("redis+sentinel://s1:26379/m?bogus=1").is_err());
+        // `+` is a `+` in both passwords (not a form's space); `%xx` is decoded in both.
+        let Topology::Sentinel(s) =
+            Topology::parse("redis+sentinel://:a+b%2F@s1:1/m?sentinel_password=c+d%3D%26=")
+                .unwrap()
+        else {
+            panic!("not sentinel")
+        };
+        assert_eq!(s.password.as_deref(), Some("a+b/"));
+        assert_eq!(s.sentinel_password.as_deref(), Some("c+d=&="));
     }
 
     #[test]

@@ -94,19 +94,19 @@ async fn three_sidecars_on_a_cluster_forward_300_copies_once() {
 
 /// What a storm with a failover in the middle saw.
 #[derive(Debug, Default)]
-struct StormReport {
+pub(crate) struct StormReport {
     sent: usize,
-    answered_2xx: usize,
+    pub(crate) answered_2xx: usize,
     answered_503: usize,
     /// Re-sends of 2xx-answered deliveries after the failover that were replayed.
-    resent_replayed: usize,
+    pub(crate) resent_replayed: usize,
     /// 409s met on the way (a claim left on the promoted node: retried after it).
     resent_409: usize,
     /// 2xx-answered deliveries the upstream received more than once.
-    slipped: usize,
+    pub(crate) slipped: usize,
     /// 2xx-answered deliveries sent after the new master took over (the ones a write
     /// to the old master would lose).
-    after_switch: usize,
+    pub(crate) after_switch: usize,
 }
 
 /// At most this many fresh deliveries per sender (12 senders: at most 1,440).
@@ -404,7 +404,14 @@ async fn master_killed_during_a_storm_with_min_replicas_ack_lets_no_copy_through
 /// is alive; once the old master has rejoined as a replica and caught up, every
 /// delivery that was answered 2xx is sent again.
 async fn storm_with_a_planned_sentinel_failover(min_replicas_ack: u32) -> StormReport {
-    let set = SentinelSet::start();
+    storm_across_a_planned_failover_of(SentinelSet::start(), min_replicas_ack).await
+}
+
+/// [`storm_with_a_planned_sentinel_failover`] on `set` (which may need passwords).
+pub(crate) async fn storm_across_a_planned_failover_of(
+    set: SentinelSet,
+    min_replicas_ack: u32,
+) -> StormReport {
     let storm = Storm::start(&set.url(), 2, min_replicas_ack).await;
     let (old, new) = (set.master.port, set.replica.port);
     let started = Instant::now();
@@ -416,7 +423,7 @@ async fn storm_with_a_planned_sentinel_failover(min_replicas_ack: u32) -> StormR
         poll(
             Duration::from_secs(30),
             "the replica to be promoted",
-            || cli(new, &["ROLE"]).lines().next() == Some("master"),
+            || set.replica.cli(&["ROLE"]).lines().next() == Some("master"),
         );
         let switched = Instant::now();
         poll(

@@ -56,6 +56,9 @@ struct Inner {
     /// command (inside the runtime).
     watch: watch::Watch,
     watching: std::sync::atomic::AtomicBool,
+    /// Whether refused credentials were logged since the last successful lookup (one
+    /// warning, not one per command).
+    refusal_logged: std::sync::atomic::AtomicBool,
 }
 
 /// The most lookups one command makes before it reports the error (the store timeout
@@ -105,6 +108,7 @@ impl SentinelConnection {
                 paused_until: Mutex::new(None),
                 watch: watch::Watch::new(target),
                 watching: std::sync::atomic::AtomicBool::new(false),
+                refusal_logged: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -155,6 +159,9 @@ impl SentinelConnection {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) =
             Some((generation, conn.clone()));
+        self.inner
+            .refusal_logged
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(generation, "connected to the master Sentinel names");
         Ok((generation, conn))
     }
@@ -240,7 +247,9 @@ impl SentinelConnection {
             let (generation, conn) = match self.master().await {
                 Ok(c) => c,
                 Err(e) if attempt < MAX_ATTEMPTS => {
-                    // No master yet (failover in progress, Sentinels unreachable).
+                    // No master yet (failover in progress, Sentinels unreachable), or
+                    // a configuration error that only the log can tell the operator.
+                    self.inner.log_refusal(&e, "looking up the master");
                     tracing::debug!(error = %e, "no master from Sentinel yet");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
@@ -268,6 +277,44 @@ impl SentinelConnection {
             }
         }
     }
+}
+
+impl Inner {
+    /// Warns (once until the next successful lookup) when `e` is a Sentinel or Redis
+    /// server refusing the credentials or a command: a configuration error, which
+    /// would otherwise show only as store timeouts.
+    fn log_refusal(&self, e: &RedisError, doing: &str) {
+        if refused(e)
+            && !self
+                .refusal_logged
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                error = %e,
+                doing,
+                "Sentinel or Redis refused idemgate's credentials: the user and password in \
+                 store.url are the Redis servers'; Sentinels with a password of their own \
+                 need it as ?sentinel_password=… (and sentinel_username=…); see \
+                 docs/scaling.md"
+            );
+        }
+    }
+}
+
+/// Whether `e` is a server refusing the credentials or a command (`NOAUTH`,
+/// `WRONGPASS`, `NOPERM`, `AUTH` without a password configured).
+fn refused(e: &RedisError) -> bool {
+    let text = e.to_string();
+    e.kind() == ErrorKind::AuthenticationFailed
+        || e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || [
+            "NOAUTH",
+            "WRONGPASS",
+            "NOPERM",
+            "without any password configured",
+        ]
+        .iter()
+        .any(|w| text.contains(w))
 }
 
 fn readonly() -> RedisError {

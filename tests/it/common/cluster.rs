@@ -5,7 +5,7 @@
 //!   short `cluster-node-timeout` so that a killed master's replica takes over in a
 //!   few seconds.
 //! - [`SentinelSet`]: a master, one replica and three Sentinels (quorum 2) watching it
-//!   as `mymaster`.
+//!   as `mymaster`; with [`SentinelAuth`], password-protected Redis nodes and Sentinels.
 //!
 //! Every wait polls with a deadline.
 
@@ -29,6 +29,8 @@ pub struct Node {
     child: Option<Child>,
     dir: TempDir,
     args: Vec<String>,
+    /// The password `requirepass` asks of clients (the harness's own commands send it).
+    password: Option<String>,
 }
 
 impl Node {
@@ -38,6 +40,7 @@ impl Node {
             child: None,
             dir: tempfile::tempdir().expect("tempdir"),
             args,
+            password: None,
         }
     }
 
@@ -116,7 +119,7 @@ impl Node {
                 self.child = None;
                 panic!("redis-server on {} exited: {st}\n{}", self.port, self.log());
             }
-            if cli(self.port, &["PING"]) == "PONG" {
+            if self.cli(&["PING"]) == "PONG" {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -137,7 +140,7 @@ impl Node {
     }
 
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        cli_with(self.port, self.password.as_deref(), args)
     }
 
     /// One field of `INFO <section>`.
@@ -158,9 +161,17 @@ impl Drop for Node {
 
 /// Runs one redis-cli command against 127.0.0.1:`port`; stdout, trimmed ("" on failure).
 pub fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
+    cli_with(port, None, args)
+}
+
+/// [`cli`], authenticating with `password` if there is one.
+fn cli_with(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(p) = password {
+        cmd.env("REDISCLI_AUTH", p);
+    }
+    cmd.args(args)
         .stderr(Stdio::null())
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
@@ -375,17 +386,37 @@ pub struct SentinelSet {
     pub master: Node,
     pub replica: Node,
     pub sentinels: Vec<Node>,
+    auth: SentinelAuth,
+}
+
+/// Passwords of a [`SentinelSet`], as managed offerings run it: `redis` is the Redis
+/// nodes' `requirepass` (and `masterauth`, and the Sentinels' `sentinel auth-pass`),
+/// `sentinel` the Sentinels' own `requirepass` (which they also use with each other).
+#[derive(Clone, Default)]
+pub struct SentinelAuth {
+    pub redis: Option<String>,
+    pub sentinel: Option<String>,
 }
 
 impl SentinelSet {
     pub fn start() -> SentinelSet {
+        SentinelSet::start_with(SentinelAuth::default())
+    }
+
+    /// [`SentinelSet::start`] with the passwords of `auth` set.
+    pub fn start_with(auth: SentinelAuth) -> SentinelSet {
         let data = || {
-            ["--save", "", "--appendonly", "no"]
+            let mut args: Vec<String> = ["--save", "", "--appendonly", "no"]
                 .iter()
                 .map(|s| s.to_string())
-                .collect::<Vec<_>>()
+                .collect();
+            if let Some(p) = &auth.redis {
+                args.extend(["--requirepass", p, "--masterauth", p].map(String::from));
+            }
+            args
         };
         let mut master = Node::new(data());
+        master.password = auth.redis.clone();
         master.start();
         let mut replica_args = data();
         replica_args.extend([
@@ -394,21 +425,26 @@ impl SentinelSet {
             master.port.to_string(),
         ]);
         let mut replica = Node::new(replica_args);
+        replica.password = auth.redis.clone();
         replica.start();
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            let s = Node::new(vec!["sentinel".to_string()]);
-            std::fs::write(
-                s.dir.path().join("sentinel.conf"),
-                format!(
-                    "sentinel monitor {MASTER_NAME} 127.0.0.1 {} 2\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
-                     sentinel failover-timeout {MASTER_NAME} 4000\n\
-                     sentinel parallel-syncs {MASTER_NAME} 1\n",
-                    master.port
-                ),
-            )
-            .expect("write sentinel.conf");
+            let mut s = Node::new(vec!["sentinel".to_string()]);
+            s.password = auth.sentinel.clone();
+            let mut conf = format!(
+                "sentinel monitor {MASTER_NAME} 127.0.0.1 {} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                 sentinel failover-timeout {MASTER_NAME} 4000\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n",
+                master.port
+            );
+            if let Some(p) = &auth.redis {
+                conf += &format!("sentinel auth-pass {MASTER_NAME} {p}\n");
+            }
+            if let Some(p) = &auth.sentinel {
+                conf += &format!("requirepass {p}\n");
+            }
+            std::fs::write(s.dir.path().join("sentinel.conf"), conf).expect("write sentinel.conf");
             sentinels.push(s);
         }
         for s in sentinels.iter_mut() {
@@ -418,18 +454,35 @@ impl SentinelSet {
             master,
             replica,
             sentinels,
+            auth,
         };
         set.wait_ready(Duration::from_secs(30));
         set
     }
 
+    /// The `store.url`, with the passwords percent-encoded (the Redis one as the URL's
+    /// password, the Sentinels' as `sentinel_password`).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port))
             .collect();
-        format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+        let enc = |p: &str| {
+            percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        let userinfo = match &self.auth.redis {
+            Some(p) => format!(":{}@", enc(p)),
+            None => String::new(),
+        };
+        let query = match &self.auth.sentinel {
+            Some(p) => format!("?sentinel_password={}", enc(p)),
+            None => String::new(),
+        };
+        format!(
+            "redis+sentinel://{userinfo}{}/{MASTER_NAME}{query}",
+            hosts.join(",")
+        )
     }
 
     /// The master's port as the first live Sentinel reports it.

@@ -202,7 +202,12 @@ async fn watch_one(inner: Weak<Inner>, info: ConnectionInfo) {
                     }
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot subscribe to a Sentinel's announcements"),
+            Err(e) => {
+                if let Some(i) = inner.upgrade() {
+                    i.log_refusal(&e, "subscribing to a Sentinel's announcements");
+                }
+                tracing::debug!(error = %e, "cannot subscribe to a Sentinel's announcements");
+            }
         }
         if inner.strong_count() == 0 {
             return;
