@@ -401,3 +401,48 @@ async fn redis_redrive_is_one_round_trip() {
     let sent = monitor.client_commands_until_marker(redis, "end").await;
     assert_eq!(sent, vec!["EVALSHA".to_string()], "redrive sent {sent:?}");
 }
+
+/// A redrive of an ordered dead letter moves the entry and appends it to its order
+/// value's list in one step: when the bookkeeping fails, nothing moved and the error is
+/// the truth (the dead letter is still there, the queue holds nothing delivered out of
+/// its order); when it succeeds, only scripts ran (no write in between).
+#[tokio::test]
+async fn redis_an_ordered_redrive_moves_and_orders_in_one_step() {
+    let f = redis_fixture(lifetimes(DAY));
+    let q = &f.queue;
+    q.ensure_group(ROUTE).await.unwrap();
+    let redis = f._redis.as_ref().unwrap();
+    let e = QueueEntry {
+        order: Some("o1".into()),
+        ..entry("k", unix_millis())
+    };
+    q.enqueue(ROUTE, &e, 10).await.unwrap();
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    q.dead_letter(ROUTE, &read[0].0, &e, 3, "upstream answered 500")
+        .await
+        .unwrap();
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    let list = format!("qc:order:{{{ROUTE}}}:o1");
+    // The order bookkeeping fails (a key of the wrong type stands in for a failure).
+    redis.cli(&["SET", &list, "not a list"]);
+    let failed = q.redrive(ROUTE, &dead.items[0].id).await;
+    let left = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    let depth = q.stats(ROUTE).await.unwrap().depth;
+    assert!(
+        failed.is_err() && left.items.len() == 1 && depth == 0,
+        "an ordered redrive whose bookkeeping failed answered {failed:?} with {} dead \
+         letters left and {depth} entries queued",
+        left.items.len()
+    );
+    redis.cli(&["DEL", &list]);
+    let monitor = Monitor::start(redis);
+    monitor.client_commands_until_marker(redis, "start").await;
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let sent = monitor.client_commands_until_marker(redis, "end").await;
+    assert!(
+        sent.iter().all(|c| c == "EVALSHA"),
+        "an ordered redrive sent {sent:?}"
+    );
+    let queued = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap());
+    assert_eq!(redis.cli(&["LRANGE", &list, "0", "-1"]).trim(), queued[0]);
+}
