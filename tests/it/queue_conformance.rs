@@ -332,6 +332,54 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
     );
 }
 
+/// Two entries of one key count their attempts each for itself: taking turns does not
+/// reset the other's count (backoff grows and both reach `max_attempts`), and a
+/// refunded attempt is given back to its own entry only.
+async fn two_entries_of_a_key_count_their_attempts_apart<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "two");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    q.enqueue(ROUTE, &entry(&k.key, unix_millis()), 10)
+        .await
+        .unwrap();
+    let read = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap());
+    let mut seen = Vec::new();
+    for _round in 0..3 {
+        for id in &read {
+            let Lock::Claimed { token, attempt } = q.lock(&k, id, DAY).await.unwrap() else {
+                panic!("lock of {id}")
+            };
+            seen.push(attempt);
+            assert!(q.unlock(&k, token, false).await.unwrap());
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![1, 1, 2, 2, 3, 3],
+        "entries of one key reset each other's attempt count"
+    );
+    // A refund (Retry-After) gives the attempt back to the second entry alone.
+    let Lock::Claimed { token, attempt } = q.lock(&k, &read[1], DAY).await.unwrap() else {
+        panic!("lock of the second entry")
+    };
+    assert_eq!(attempt, 4);
+    assert!(q.unlock(&k, token, true).await.unwrap());
+    let Lock::Claimed { token, attempt } = q.lock(&k, &read[0], DAY).await.unwrap() else {
+        panic!("lock of the first entry")
+    };
+    assert_eq!(
+        attempt, 4,
+        "a refund of the other entry changed this one's count"
+    );
+    assert!(q.unlock(&k, token, false).await.unwrap());
+    let Lock::Claimed { attempt, .. } = q.lock(&k, &read[1], DAY).await.unwrap() else {
+        panic!("lock of the second entry")
+    };
+    assert_eq!(attempt, 4, "the refunded attempt was counted");
+}
+
 macro_rules! conformance {
     ($($case:ident($lifetimes:expr)),* $(,)?) => {
         mod redis_queue {
@@ -366,6 +414,7 @@ conformance!(
     keep_leaves_an_entry_taken_over_by_another_alone(lifetimes(DAY)),
     a_queued_status_outlives_a_short_retention(lifetimes(Duration::from_millis(300))),
     a_lapsed_replay_of_a_completed_key_stays_completed_for_workers(SHORT_LEASE),
+    two_entries_of_a_key_count_their_attempts_apart(lifetimes(DAY)),
 );
 
 /// Redrive is one round trip (one script): no step in between where a worker could
