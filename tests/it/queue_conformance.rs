@@ -86,6 +86,15 @@ async fn accept<Q: QueueBackend, S: Store>(f: &Fixture<Q, S>, k: &DeliveryKey, k
     assert!(f.queue.mark_queued(k, token, keep).await.unwrap());
 }
 
+/// A 2xx answer, as a worker records it.
+fn ok() -> idemgate::store::StoredResponse {
+    idemgate::store::StoredResponse {
+        status: 200,
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"ok"),
+    }
+}
+
 fn ids(reads: &[(String, Option<QueueEntry>)]) -> Vec<String> {
     reads.iter().map(|(id, _)| id.clone()).collect()
 }
@@ -257,7 +266,7 @@ async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S:
         headers: Bytes::new(),
         body: Bytes::from_static(b"ok"),
     };
-    assert!(q.complete(&k, token, &resp).await.unwrap());
+    assert!(q.complete(&k, token, &resp, DAY).await.unwrap());
     assert_eq!(q.lock(&k, &id, DAY).await.unwrap(), Lock::Completed);
     assert!(matches!(
         f.store.claim(&k, &fp, None).await.unwrap(),
@@ -313,7 +322,7 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
         headers: Bytes::new(),
         body: Bytes::from_static(b"ok"),
     };
-    assert!(q.complete(&k, token, &resp).await.unwrap());
+    assert!(q.complete(&k, token, &resp, DAY).await.unwrap());
     // The entry is not acknowledged (as when the acknowledgement failed).
     let Claim::Claimed(_) = f.store.claim(&k, &fp, REPLAY).await.unwrap() else {
         panic!("the operator's replay claim")
@@ -330,6 +339,40 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
         Claim::Completed(resp),
         "a copy after the lapsed replay"
     );
+}
+
+/// Two entries of one key (a redriven dead letter and a provider's copy queued while
+/// the key was released): once one completes, the other finds the key completed for
+/// as long as it may still be attempted, even when that is longer than `retention`;
+/// a provider's copy then is answered, not queued a third time.
+async fn a_second_entry_finds_its_key_completed_after_retention<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "twice");
+    let fp = fingerprint_body(b"{}");
+    let max_age = Duration::from_secs(30);
+    accept(&f, &k, max_age).await;
+    let q = &f.queue;
+    q.enqueue(ROUTE, &entry(&k.key, unix_millis()), 10)
+        .await
+        .unwrap();
+    let read = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap());
+    let Lock::Claimed { token, .. } = q.lock(&k, &read[0], max_age).await.unwrap() else {
+        panic!("lock of the first entry")
+    };
+    assert!(q.complete(&k, token, &ok(), max_age).await.unwrap());
+    q.done(ROUTE, &read[0], None).await.unwrap();
+    // The second entry backs off longer than retention (300 ms) before its attempt.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        q.lock(&k, &read[1], max_age).await.unwrap(),
+        Lock::Completed,
+        "the second entry of a completed key was claimed for forwarding after retention"
+    );
+    assert!(matches!(
+        f.store.claim(&k, &fp, None).await.unwrap(),
+        Claim::Completed(_)
+    ));
 }
 
 /// Two entries of one key count their attempts each for itself: taking turns does not
@@ -414,6 +457,7 @@ conformance!(
     keep_leaves_an_entry_taken_over_by_another_alone(lifetimes(DAY)),
     a_queued_status_outlives_a_short_retention(lifetimes(Duration::from_millis(300))),
     a_lapsed_replay_of_a_completed_key_stays_completed_for_workers(SHORT_LEASE),
+    a_second_entry_finds_its_key_completed_after_retention(lifetimes(Duration::from_millis(300))),
     two_entries_of_a_key_count_their_attempts_apart(lifetimes(DAY)),
 );
 

@@ -306,9 +306,10 @@ impl QueueBackend for MemoryQueue {
         key: &'a DeliveryKey,
         token: Token,
         response: &'a StoredResponse,
+        keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
         let _ = self.with(|s| s.attempts.remove(key));
-        Box::pin(self.store.complete(key, token, response, None))
+        Self::ready(self.store.complete_queued(key, token, response, keep_for))
     }
 
     fn done<'a>(

@@ -387,8 +387,10 @@ impl QueueBackend for RedisQueue {
         key: &'a DeliveryKey,
         token: Token,
         response: &'a StoredResponse,
+        keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        Box::pin(self.store.complete(key, token, response, None))
+        let keep = self.store.lifetimes().retention.max(keep_for);
+        Box::pin(self.store.complete_for(key, token, response, None, keep))
     }
 
     fn done<'a>(
