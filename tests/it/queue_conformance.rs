@@ -423,6 +423,55 @@ async fn two_entries_of_a_key_count_their_attempts_apart<Q: QueueBackend, S: Sto
     assert_eq!(attempt, 4, "the refunded attempt was counted");
 }
 
+/// A dead-lettered entry whose key could not be released (the release failed three
+/// times) leaves the key `queued`: copies are acknowledged, not queued, and a redrive
+/// still delivers it once (the dead worker's claim lapses after `lease`, then the new
+/// entry starts at attempt 1 and completes; the key then answers as completed).
+async fn a_redrive_delivers_a_dead_letter_whose_key_stayed_queued<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "stuck");
+    let fp = fingerprint_body(b"{}");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let (id, e) = (read[0].0.clone(), read[0].1.clone().unwrap());
+    let Lock::Claimed { .. } = q.lock(&k, &id, DAY).await.unwrap() else {
+        panic!("lock")
+    };
+    q.dead_letter(ROUTE, &id, &e, 1, "upstream answered 500")
+        .await
+        .unwrap();
+    // No release: the key stays `queued` beside its dead letter.
+    assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let again = ids(&q.read_new(ROUTE, "c2", 10).await.unwrap());
+    assert_eq!(again.len(), 1, "the redrive queued {again:?}");
+    let mut claimed = None;
+    for _ in 0..40 {
+        match q.lock(&k, &again[0], DAY).await.unwrap() {
+            Lock::Claimed { token, attempt } => {
+                claimed = Some((token, attempt));
+                break;
+            }
+            Lock::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
+            Lock::Completed => panic!("a dead-lettered key was found completed"),
+        }
+    }
+    let Some((token, attempt)) = claimed else {
+        panic!("the redriven entry never got its key after the dead worker's lease")
+    };
+    assert_eq!(attempt, 1);
+    assert!(q.complete(&k, token, &ok(), DAY).await.unwrap());
+    q.done(ROUTE, &again[0], None).await.unwrap();
+    assert!(matches!(
+        f.store.claim(&k, &fp, None).await.unwrap(),
+        Claim::Completed(_)
+    ));
+    assert_eq!(q.stats(ROUTE).await.unwrap().depth, 0);
+}
+
 macro_rules! conformance {
     ($($case:ident($lifetimes:expr)),* $(,)?) => {
         mod redis_queue {
@@ -459,6 +508,7 @@ conformance!(
     a_lapsed_replay_of_a_completed_key_stays_completed_for_workers(SHORT_LEASE),
     a_second_entry_finds_its_key_completed_after_retention(lifetimes(Duration::from_millis(300))),
     two_entries_of_a_key_count_their_attempts_apart(lifetimes(DAY)),
+    a_redrive_delivers_a_dead_letter_whose_key_stayed_queued(SHORT_LEASE),
 );
 
 /// Redrive is one round trip (one script): no step in between where a worker could
