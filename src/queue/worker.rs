@@ -317,7 +317,11 @@ impl AsyncMode {
                     let stored = StoredResponse::from(&resp);
                     let mut recorded = false;
                     for _ in 0..3 {
-                        match self.backend.complete(&key, token, &stored).await {
+                        match self
+                            .backend
+                            .complete(&key, token, &stored, cfg.max_age)
+                            .await
+                        {
                             Ok(owned) => {
                                 recorded = owned;
                                 break;

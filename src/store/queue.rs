@@ -181,12 +181,16 @@ pub trait QueueBackend:
         token: Token,
         refund: bool,
     ) -> StoreFuture<'a, bool>;
-    /// Marks the key completed with the upstream's answer (owner only).
+    /// Marks the key completed with the upstream's answer (owner only). The status
+    /// lives at least `keep_for` (the route's `max_age`) or `retention`, like `queued`:
+    /// another entry of the key (a redrive beside a provider's copy) finds it completed
+    /// at every attempt it may still get.
     fn complete<'a>(
         &'a self,
         key: &'a DeliveryKey,
         token: Token,
         response: &'a StoredResponse,
+        keep_for: Duration,
     ) -> StoreFuture<'a, bool>;
     /// Acknowledges (and deletes) a delivered entry; `order` is its order value, whose
     /// next entry may then start.

@@ -86,6 +86,15 @@ async fn accept<Q: QueueBackend, S: Store>(f: &Fixture<Q, S>, k: &DeliveryKey, k
     assert!(f.queue.mark_queued(k, token, keep).await.unwrap());
 }
 
+/// A 2xx answer, as a worker records it.
+fn ok() -> idemgate::store::StoredResponse {
+    idemgate::store::StoredResponse {
+        status: 200,
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"ok"),
+    }
+}
+
 fn ids(reads: &[(String, Option<QueueEntry>)]) -> Vec<String> {
     reads.iter().map(|(id, _)| id.clone()).collect()
 }
@@ -257,7 +266,7 @@ async fn a_queued_key_acknowledges_copies_and_fences_workers<Q: QueueBackend, S:
         headers: Bytes::new(),
         body: Bytes::from_static(b"ok"),
     };
-    assert!(q.complete(&k, token, &resp).await.unwrap());
+    assert!(q.complete(&k, token, &resp, DAY).await.unwrap());
     assert_eq!(q.lock(&k, &id, DAY).await.unwrap(), Lock::Completed);
     assert!(matches!(
         f.store.claim(&k, &fp, None).await.unwrap(),
@@ -313,7 +322,7 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
         headers: Bytes::new(),
         body: Bytes::from_static(b"ok"),
     };
-    assert!(q.complete(&k, token, &resp).await.unwrap());
+    assert!(q.complete(&k, token, &resp, DAY).await.unwrap());
     // The entry is not acknowledged (as when the acknowledgement failed).
     let Claim::Claimed(_) = f.store.claim(&k, &fp, REPLAY).await.unwrap() else {
         panic!("the operator's replay claim")
@@ -330,6 +339,137 @@ async fn a_lapsed_replay_of_a_completed_key_stays_completed_for_workers<
         Claim::Completed(resp),
         "a copy after the lapsed replay"
     );
+}
+
+/// Two entries of one key (a redriven dead letter and a provider's copy queued while
+/// the key was released): once one completes, the other finds the key completed for
+/// as long as it may still be attempted, even when that is longer than `retention`;
+/// a provider's copy then is answered, not queued a third time.
+async fn a_second_entry_finds_its_key_completed_after_retention<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "twice");
+    let fp = fingerprint_body(b"{}");
+    let max_age = Duration::from_secs(30);
+    accept(&f, &k, max_age).await;
+    let q = &f.queue;
+    q.enqueue(ROUTE, &entry(&k.key, unix_millis()), 10)
+        .await
+        .unwrap();
+    let read = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap());
+    let Lock::Claimed { token, .. } = q.lock(&k, &read[0], max_age).await.unwrap() else {
+        panic!("lock of the first entry")
+    };
+    assert!(q.complete(&k, token, &ok(), max_age).await.unwrap());
+    q.done(ROUTE, &read[0], None).await.unwrap();
+    // The second entry backs off longer than retention (300 ms) before its attempt.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        q.lock(&k, &read[1], max_age).await.unwrap(),
+        Lock::Completed,
+        "the second entry of a completed key was claimed for forwarding after retention"
+    );
+    assert!(matches!(
+        f.store.claim(&k, &fp, None).await.unwrap(),
+        Claim::Completed(_)
+    ));
+}
+
+/// Two entries of one key count their attempts each for itself: taking turns does not
+/// reset the other's count (backoff grows and both reach `max_attempts`), and a
+/// refunded attempt is given back to its own entry only.
+async fn two_entries_of_a_key_count_their_attempts_apart<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "two");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    q.enqueue(ROUTE, &entry(&k.key, unix_millis()), 10)
+        .await
+        .unwrap();
+    let read = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap());
+    let mut seen = Vec::new();
+    for _round in 0..3 {
+        for id in &read {
+            let Lock::Claimed { token, attempt } = q.lock(&k, id, DAY).await.unwrap() else {
+                panic!("lock of {id}")
+            };
+            seen.push(attempt);
+            assert!(q.unlock(&k, token, false).await.unwrap());
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![1, 1, 2, 2, 3, 3],
+        "entries of one key reset each other's attempt count"
+    );
+    // A refund (Retry-After) gives the attempt back to the second entry alone.
+    let Lock::Claimed { token, attempt } = q.lock(&k, &read[1], DAY).await.unwrap() else {
+        panic!("lock of the second entry")
+    };
+    assert_eq!(attempt, 4);
+    assert!(q.unlock(&k, token, true).await.unwrap());
+    let Lock::Claimed { token, attempt } = q.lock(&k, &read[0], DAY).await.unwrap() else {
+        panic!("lock of the first entry")
+    };
+    assert_eq!(
+        attempt, 4,
+        "a refund of the other entry changed this one's count"
+    );
+    assert!(q.unlock(&k, token, false).await.unwrap());
+    let Lock::Claimed { attempt, .. } = q.lock(&k, &read[1], DAY).await.unwrap() else {
+        panic!("lock of the second entry")
+    };
+    assert_eq!(attempt, 4, "the refunded attempt was counted");
+}
+
+/// A dead-lettered entry whose key could not be released (the release failed three
+/// times) leaves the key `queued`: copies are acknowledged, not queued, and a redrive
+/// still delivers it once (the dead worker's claim lapses after `lease`, then the new
+/// entry starts at attempt 1 and completes; the key then answers as completed).
+async fn a_redrive_delivers_a_dead_letter_whose_key_stayed_queued<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let k = DeliveryKey::new(ROUTE, "stuck");
+    let fp = fingerprint_body(b"{}");
+    accept(&f, &k, DAY).await;
+    let q = &f.queue;
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let (id, e) = (read[0].0.clone(), read[0].1.clone().unwrap());
+    let Lock::Claimed { .. } = q.lock(&k, &id, DAY).await.unwrap() else {
+        panic!("lock")
+    };
+    q.dead_letter(ROUTE, &id, &e, 1, "upstream answered 500")
+        .await
+        .unwrap();
+    // No release: the key stays `queued` beside its dead letter.
+    assert_eq!(f.store.claim(&k, &fp, None).await.unwrap(), Claim::Queued);
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let again = ids(&q.read_new(ROUTE, "c2", 10).await.unwrap());
+    assert_eq!(again.len(), 1, "the redrive queued {again:?}");
+    let mut claimed = None;
+    for _ in 0..40 {
+        match q.lock(&k, &again[0], DAY).await.unwrap() {
+            Lock::Claimed { token, attempt } => {
+                claimed = Some((token, attempt));
+                break;
+            }
+            Lock::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
+            Lock::Completed => panic!("a dead-lettered key was found completed"),
+        }
+    }
+    let Some((token, attempt)) = claimed else {
+        panic!("the redriven entry never got its key after the dead worker's lease")
+    };
+    assert_eq!(attempt, 1);
+    assert!(q.complete(&k, token, &ok(), DAY).await.unwrap());
+    q.done(ROUTE, &again[0], None).await.unwrap();
+    assert!(matches!(
+        f.store.claim(&k, &fp, None).await.unwrap(),
+        Claim::Completed(_)
+    ));
+    assert_eq!(q.stats(ROUTE).await.unwrap().depth, 0);
 }
 
 macro_rules! conformance {
@@ -366,6 +506,9 @@ conformance!(
     keep_leaves_an_entry_taken_over_by_another_alone(lifetimes(DAY)),
     a_queued_status_outlives_a_short_retention(lifetimes(Duration::from_millis(300))),
     a_lapsed_replay_of_a_completed_key_stays_completed_for_workers(SHORT_LEASE),
+    a_second_entry_finds_its_key_completed_after_retention(lifetimes(Duration::from_millis(300))),
+    two_entries_of_a_key_count_their_attempts_apart(lifetimes(DAY)),
+    a_redrive_delivers_a_dead_letter_whose_key_stayed_queued(SHORT_LEASE),
 );
 
 /// Redrive is one round trip (one script): no step in between where a worker could
@@ -400,4 +543,49 @@ async fn redis_redrive_is_one_round_trip() {
     assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
     let sent = monitor.client_commands_until_marker(redis, "end").await;
     assert_eq!(sent, vec!["EVALSHA".to_string()], "redrive sent {sent:?}");
+}
+
+/// A redrive of an ordered dead letter moves the entry and appends it to its order
+/// value's list in one step: when the bookkeeping fails, nothing moved and the error is
+/// the truth (the dead letter is still there, the queue holds nothing delivered out of
+/// its order); when it succeeds, only scripts ran (no write in between).
+#[tokio::test]
+async fn redis_an_ordered_redrive_moves_and_orders_in_one_step() {
+    let f = redis_fixture(lifetimes(DAY));
+    let q = &f.queue;
+    q.ensure_group(ROUTE).await.unwrap();
+    let redis = f._redis.as_ref().unwrap();
+    let e = QueueEntry {
+        order: Some("o1".into()),
+        ..entry("k", unix_millis())
+    };
+    q.enqueue(ROUTE, &e, 10).await.unwrap();
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    q.dead_letter(ROUTE, &read[0].0, &e, 3, "upstream answered 500")
+        .await
+        .unwrap();
+    let dead = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    let list = format!("qc:order:{{{ROUTE}}}:o1");
+    // The order bookkeeping fails (a key of the wrong type stands in for a failure).
+    redis.cli(&["SET", &list, "not a list"]);
+    let failed = q.redrive(ROUTE, &dead.items[0].id).await;
+    let left = q.list_dead_letters(ROUTE, 10, None).await.unwrap();
+    let depth = q.stats(ROUTE).await.unwrap().depth;
+    assert!(
+        failed.is_err() && left.items.len() == 1 && depth == 0,
+        "an ordered redrive whose bookkeeping failed answered {failed:?} with {} dead \
+         letters left and {depth} entries queued",
+        left.items.len()
+    );
+    redis.cli(&["DEL", &list]);
+    let monitor = Monitor::start(redis);
+    monitor.client_commands_until_marker(redis, "start").await;
+    assert!(q.redrive(ROUTE, &dead.items[0].id).await.unwrap());
+    let sent = monitor.client_commands_until_marker(redis, "end").await;
+    assert!(
+        sent.iter().all(|c| c == "EVALSHA"),
+        "an ordered redrive sent {sent:?}"
+    );
+    let queued = ids(&q.read_new(ROUTE, "c1", 10).await.unwrap());
+    assert_eq!(redis.cli(&["LRANGE", &list, "0", "-1"]).trim(), queued[0]);
 }

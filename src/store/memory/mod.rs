@@ -430,6 +430,19 @@ impl MemoryStore {
         })
     }
 
+    /// Records a queued delivery's completion; the record lives the longer of retention
+    /// and `keep_for`, as long as another entry of the key may still be attempted.
+    pub(crate) fn complete_queued(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        let keep = self.lifetimes.retention.max(keep_for);
+        self.owned(key, token, |e, now| e.complete(response, later(now, keep)))
+    }
+
     /// Gives a failed attempt's claim up; the key stays `queued` for the next attempt.
     pub(crate) fn unlock(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
         self.owned(key, token, |e, _| e.owner = None)

@@ -68,8 +68,29 @@ impl RouteQueue {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) routes: HashMap<String, RouteQueue>,
-    /// Per key: the entry whose attempts are counted (a redriven entry starts at 1).
-    attempts: HashMap<DeliveryKey, (Id, u64)>,
+    /// Per key, its entries' attempt counts (a redriven entry starts at 1; entries of
+    /// one key taking turns never reset each other's).
+    attempts: HashMap<DeliveryKey, Attempts>,
+}
+
+/// One key's attempt counts, per queue entry, as deliver_lock.lua keeps them.
+#[derive(Default)]
+struct Attempts {
+    /// The entry that took the key's lock last: a refund is its.
+    last: Id,
+    counts: HashMap<Id, u64>,
+}
+
+impl State {
+    /// Forgets `id`'s count (the entry left the queue), and the key's once none is left.
+    fn forget_attempts(&mut self, key: &DeliveryKey, id: Id) {
+        if let Some(a) = self.attempts.get_mut(key) {
+            a.counts.remove(&id);
+            if a.counts.is_empty() {
+                self.attempts.remove(key);
+            }
+        }
+    }
 }
 
 /// See the module documentation.
@@ -149,11 +170,8 @@ impl QueueBackend for MemoryQueue {
         token: Token,
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        let r = self.store.mark_queued(key, token, keep_for);
-        if let Ok(true) = r {
-            let _ = self.with(|s| s.attempts.remove(key));
-        }
-        Self::ready(r)
+        // A new entry has no count yet: nothing to reset.
+        Self::ready(self.store.mark_queued(key, token, keep_for))
     }
 
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
@@ -250,15 +268,11 @@ impl QueueBackend for MemoryQueue {
                 DeliveryLock::Completed => Ok(Lock::Completed),
                 DeliveryLock::Busy => Ok(Lock::Busy),
                 DeliveryLock::Claimed(token) => self.with(|s| {
-                    let n = s.attempts.entry(key.clone()).or_insert((entry_id, 0));
-                    if n.0 != entry_id {
-                        *n = (entry_id, 0);
-                    }
-                    n.1 += 1;
-                    Lock::Claimed {
-                        token,
-                        attempt: n.1,
-                    }
+                    let a = s.attempts.entry(key.clone()).or_default();
+                    a.last = entry_id;
+                    let n = a.counts.entry(entry_id).or_default();
+                    *n += 1;
+                    Lock::Claimed { token, attempt: *n }
                 }),
             });
         Self::ready(r)
@@ -277,8 +291,10 @@ impl QueueBackend for MemoryQueue {
         let r = self.store.unlock(key, token);
         if refund && matches!(r, Ok(true)) {
             let _ = self.with(|s| {
-                if let Some(n) = s.attempts.get_mut(key) {
-                    n.1 = n.1.saturating_sub(1);
+                if let Some(a) = s.attempts.get_mut(key)
+                    && let Some(n) = a.counts.get_mut(&a.last)
+                {
+                    *n = n.saturating_sub(1);
                 }
             });
         }
@@ -290,9 +306,10 @@ impl QueueBackend for MemoryQueue {
         key: &'a DeliveryKey,
         token: Token,
         response: &'a StoredResponse,
+        keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
         let _ = self.with(|s| s.attempts.remove(key));
-        Box::pin(self.store.complete(key, token, response, None))
+        Self::ready(self.store.complete_queued(key, token, response, keep_for))
     }
 
     fn done<'a>(
@@ -303,8 +320,11 @@ impl QueueBackend for MemoryQueue {
     ) -> StoreFuture<'a, ()> {
         Self::ready(self.with(|s| {
             if let (Some(q), Some(id)) = (s.routes.get_mut(route), parse(id)) {
-                q.entries.remove(&id);
+                let gone = q.entries.remove(&id);
                 q.order_remove(order, id);
+                if let Some(slot) = gone {
+                    s.forget_attempts(&DeliveryKey::new(route, slot.entry.key), id);
+                }
             }
         }))
     }
@@ -323,9 +343,8 @@ impl QueueBackend for MemoryQueue {
             if let Some(id) = parse(id) {
                 q.entries.remove(&id);
                 q.order_remove(entry.order.as_deref(), id);
+                s.forget_attempts(&DeliveryKey::new(route, entry.key.clone()), id);
             }
-            s.attempts
-                .remove(&DeliveryKey::new(route, entry.key.clone()));
             let q = s.routes.entry(route.to_string()).or_default();
             q.dead.insert(
                 dead_id,

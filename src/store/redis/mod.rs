@@ -227,6 +227,35 @@ impl RedisStore {
         }
     }
 
+    /// Records a completion whose record (and log hash) lives `keep`: `retention` for a
+    /// provider's delivery, longer for a queued one (`QueueBackend::complete`).
+    pub(crate) async fn complete_for(
+        &self,
+        key: &DeliveryKey,
+        token: Token,
+        response: &StoredResponse,
+        settled: Option<&Settled>,
+        keep: Duration,
+    ) -> Result<bool, StoreError> {
+        // The complete script leaves the recent index alone (see complete.lua).
+        let k = self.keys(key);
+        let mut call = Call::new(&self.scripts.complete, &[&k.record, &k.lock, &k.log])
+            .arg(token.to_hex())
+            .arg(record::completed_tail(response))
+            .arg(response.status)
+            .arg(unix_millis())
+            .arg(ms(keep));
+        if let Some(settled) = settled {
+            call = self.complete_log_args(call, settled);
+        }
+        let (reply, acked) = self.eval(&call, true).await?;
+        let owned = int_of(&reply) == Some(1);
+        if owned && let Some(e) = self.under_replicated("completion", acked) {
+            return Err(e);
+        }
+        Ok(owned)
+    }
+
     /// Waits until the log writes queued before this call are written (the log's reads
     /// in this process see them).
     pub(crate) async fn flush_log(&self) {
@@ -464,23 +493,8 @@ impl Store for RedisStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        // The complete script leaves the recent index alone (see complete.lua).
-        let k = self.keys(key);
-        let mut call = Call::new(&self.scripts.complete, &[&k.record, &k.lock, &k.log])
-            .arg(token.to_hex())
-            .arg(record::completed_tail(response))
-            .arg(response.status)
-            .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention));
-        if let Some(settled) = settled {
-            call = self.complete_log_args(call, settled);
-        }
-        let (reply, acked) = self.eval(&call, true).await?;
-        let owned = int_of(&reply) == Some(1);
-        if owned && let Some(e) = self.under_replicated("completion", acked) {
-            return Err(e);
-        }
-        Ok(owned)
+        self.complete_for(key, token, response, settled, self.lifetimes.retention)
+            .await
     }
 
     async fn complete_unowned(

@@ -387,8 +387,10 @@ impl QueueBackend for RedisQueue {
         key: &'a DeliveryKey,
         token: Token,
         response: &'a StoredResponse,
+        keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        Box::pin(self.store.complete(key, token, response, None))
+        let keep = self.store.lifetimes().retention.max(keep_for);
+        Box::pin(self.store.complete_for(key, token, response, None, keep))
     }
 
     fn done<'a>(
@@ -504,23 +506,29 @@ impl QueueBackend for RedisQueue {
     fn redrive<'a>(&'a self, route: &'a str, dead_letter_id: &'a str) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let (queue, dlq) = (self.queue_key(route), self.dlq_key(route));
-            let call = Call::new(&self.scripts.redrive, &[&queue, &dlq])
-                .arg(dead_letter_id)
-                .arg(unix_millis());
-            let reply = self.script(call).await?;
-            let (Some(id), order) = (
-                items(&reply).first().and_then(text),
-                items(&reply).get(1).and_then(text),
-            ) else {
-                return Ok(false);
-            };
-            // An ordered entry joins the end of its value's order (see the script).
-            if let Some(order) = order.filter(|o| !o.is_empty()) {
-                let mut push = redis::cmd("RPUSH");
-                push.arg(self.order_key(route, &order)).arg(&id);
-                self.query::<Value>(push).await?;
+            // An ordered dead letter is moved by a second call naming its order list
+            // (see the script); each call moves all or nothing.
+            let mut order: Option<String> = None;
+            for _ in 0..2 {
+                let list = self.order_list(route, order.as_deref());
+                let mut call = Call::new(&self.scripts.redrive, &[&queue, &dlq])
+                    .key(list.as_deref())
+                    .arg(dead_letter_id)
+                    .arg(unix_millis());
+                if let Some(o) = &order {
+                    call = call.arg(o.as_str());
+                }
+                let reply = self.script(call).await?;
+                let parts = items(&reply);
+                match parts.first().and_then(bytes_of) {
+                    Some(b"moved") => return Ok(true),
+                    Some(b"order") => order = parts.get(1).and_then(text),
+                    _ => return Ok(false),
+                }
             }
-            Ok(true)
+            Err(StoreError::Unavailable(
+                "redrive: the dead letter's order value did not settle".into(),
+            ))
         })
     }
 }

@@ -3,8 +3,10 @@
 -- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash; ARGV[1] worker token,
 -- ARGV[2] lease ms, ARGV[3] now (unix ms), ARGV[4] how long the record lives (ms): the
 -- longer of retention and the route's max_age, so it outlives every attempt the entry
--- may get, ARGV[5] the queue entry's ID: attempts are counted per entry (a redriven
--- dead letter is a new entry and starts again at 1)
+-- may get, ARGV[5] the queue entry's ID: attempts are counted per entry, each in its
+-- own field `attempts:<ID>` (a redriven dead letter is a new entry and starts again at
+-- 1, and two entries of one key taking turns never reset each other's count);
+-- `delivery_entry` and `delivery_attempts` show the entry that took the lock last
 -- Returns {'completed'} | {'busy'} | {'claimed', attempt number}
 -- A replay of a completed key whose lock is gone (`r`, record.rs) is completed too.
 local rec = redis.call('GET', KEYS[1])
@@ -29,8 +31,14 @@ elseif tag == 'q' then
 end
 redis.call('HSET', KEYS[3], 'last_seen', ARGV[3])
 redis.call('HSETNX', KEYS[3], 'first_seen', ARGV[3])
-if redis.call('HGET', KEYS[3], 'delivery_entry') ~= ARGV[5] then
-  redis.call('HSET', KEYS[3], 'delivery_entry', ARGV[5], 'delivery_attempts', 0)
+local field = 'attempts:' .. ARGV[5]
+-- An entry counted in the earlier layout (one count per key, mid-retry during a
+-- rolling upgrade) keeps its count.
+if redis.call('HEXISTS', KEYS[3], field) == 0
+    and redis.call('HGET', KEYS[3], 'delivery_entry') == ARGV[5] then
+  redis.call('HSET', KEYS[3], field, redis.call('HGET', KEYS[3], 'delivery_attempts') or 0)
 end
+local n = redis.call('HINCRBY', KEYS[3], field, 1)
+redis.call('HSET', KEYS[3], 'delivery_entry', ARGV[5], 'delivery_attempts', n)
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
-return {'claimed', redis.call('HINCRBY', KEYS[3], 'delivery_attempts', 1)}
+return {'claimed', n}
