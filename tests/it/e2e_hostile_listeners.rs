@@ -192,7 +192,7 @@ async fn guessing_the_admin_token_is_slowed_per_address_and_a_right_token_is_not
     );
     assert_eq!(status, 200);
     assert!(
-        took < Duration::from_millis(500),
+        took < Duration::from_secs(1),
         "the right token took {took:?}"
     );
     // Another address is not slowed by the first one's failures.
