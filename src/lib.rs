@@ -8,6 +8,9 @@
 //! Public are the layers the binary, the benches and the integration tests build on;
 //! the operator side and the wiring are private, with their entry points re-exported.
 
+// Serving one connection, for every listener (names no other module).
+mod conn;
+
 // Leaves: configuration, the upstream client, logging, manifest injection.
 pub mod config;
 mod inject;

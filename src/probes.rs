@@ -20,6 +20,26 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
+/// The paths answered here.
+const PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// Whether `start`, the first bytes of an HTTP/1 connection, is a probe's request line
+/// (`GET` or `HEAD` of a path above): the listener gives such connections slots of
+/// their own, which the console's clients cannot take.
+pub fn is_probe(start: &[u8]) -> bool {
+    let Some(target) = start
+        .strip_prefix(b"GET ")
+        .or_else(|| start.strip_prefix(b"HEAD "))
+    else {
+        return false;
+    };
+    PATHS.iter().any(|p| {
+        target
+            .strip_prefix(p.as_bytes())
+            .is_some_and(|rest| matches!(rest.first(), Some(b' ' | b'?')))
+    })
+}
+
 pub async fn handle<S: Store, B>(
     store: &S,
     metrics: &Metrics,
@@ -49,5 +69,21 @@ pub async fn handle<S: Store, B>(
             r
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_probe;
+
+    #[test]
+    fn probes_are_told_by_their_request_line() {
+        assert!(is_probe(b"GET /healthz HTTP/1.1\r\n"));
+        assert!(is_probe(b"HEAD /readyz HTTP/1.1"));
+        assert!(is_probe(b"GET /metrics?x=1 HTTP/1.1"));
+        assert!(!is_probe(b"GET /healthzz HTTP/1.1"));
+        assert!(!is_probe(b"GET /healthz"));
+        assert!(!is_probe(b"POST /admin/login HTTP/1.1"));
+        assert!(!is_probe(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
     }
 }

@@ -7,8 +7,14 @@
 //! Everything a client can hold is bounded: connections (`max_connections`; one more
 //! is closed at once), deliveries in hand (`max_in_flight`; one more gets a fast 503),
 //! the time to a connection's first bytes and to a request's headers
-//! (`header_timeout`), the header size (`MAX_HEAD_BYTES`), HTTP/2 streams per
-//! connection, and (in the gate) the body's size and arrival time.
+//! (`header_timeout`), an idle connection's life (`header_timeout` for HTTP/1 and
+//! HTTP/2 alike) and any connection's age (`MAX_CONNECTION_AGE`), the header size
+//! (`MAX_HEAD_BYTES`), HTTP/2 streams per connection, and (in the gate) the body's size
+//! and arrival time.
+//!
+//! On `admin_listen` the probes' connections and the console's are bounded apart (a
+//! connection is told by its first request line), so that no client of the console,
+//! credentials or not, can keep the kubelet's probes from being answered.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,13 +29,13 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::config::{Config, StoreUrl};
+use crate::conn::Lifetime;
 use crate::gate::Gate;
 use crate::providers::Routes;
 use crate::store::{Breaker, Lifetimes, MemoryStore, RedisStore, Store};
@@ -41,8 +47,19 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Concurrent HTTP/2 streams per connection (hyper's default is not bounded as tightly).
 const MAX_H2_STREAMS: u32 = 128;
 
-/// Admin connections open at once (scrapers and probes; never provider traffic).
-const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// Admin connections open at once that have not yet sent their first request line
+/// (each for at most `header_timeout`).
+const MAX_ADMIN_PENDING: usize = 64;
+/// Admin connections open at once whose first request was a probe's (`probes::is_probe`).
+const MAX_PROBE_CONNECTIONS: usize = 32;
+/// Admin connections open at once for anything else: the console, HTTP/2 and unknowns.
+const MAX_CONSOLE_CONNECTIONS: usize = 32;
+/// Concurrent HTTP/2 streams per admin connection (the console is one operator's).
+const MAX_ADMIN_H2_STREAMS: u32 = 8;
+/// A connection on either listener is closed gracefully at this age.
+const MAX_CONNECTION_AGE: Duration = Duration::from_secs(600);
+/// What ends an admin connection's requests in hand when it closes for age.
+const ADMIN_DRAIN: Duration = Duration::from_secs(30);
 
 /// The first bytes of every HTTP/2 prior-knowledge connection.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -196,6 +213,13 @@ impl<S: Store> Bound<S> {
             admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             "idemgate serving"
         );
+        // An idle connection, HTTP/1 or HTTP/2, is closed at `header_timeout`.
+        let lifetime = Lifetime {
+            keep_alive: header_timeout,
+            idle: header_timeout,
+            max_age: MAX_CONNECTION_AGE,
+            drain: grace,
+        };
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -205,27 +229,36 @@ impl<S: Store> Bound<S> {
             .keep_alive(true);
         builder
             .http2()
-            .timer(TokioTimer::new())
             .max_concurrent_streams(MAX_H2_STREAMS)
             .max_header_list_size(MAX_HEAD_BYTES as u32);
+        lifetime.configure(&mut builder);
+        let admin_lifetime = Lifetime {
+            drain: ADMIN_DRAIN,
+            ..lifetime
+        };
+        let mut admin_builder = builder.clone();
+        admin_builder
+            .http2()
+            .max_concurrent_streams(MAX_ADMIN_H2_STREAMS);
         if let Some(queue) = &app.queue {
             queue.start();
         }
         if let Some(jobs) = &app.jobs {
             jobs.start_sweeper();
         }
-        let graceful = GracefulShutdown::new();
+        let (stop, stopping) = watch::channel(false);
         let deliveries = TaskTracker::new();
+        let conns = TaskTracker::new();
         let admin_conns = TaskTracker::new();
         let connections = Arc::new(Semaphore::new(max_connections));
-        let admin_connections = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
+        let admin_slots = AdminSlots::new();
         let in_flight = Arc::new(Semaphore::new(max_in_flight));
         tokio::pin!(shutdown);
 
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Some(stream) = accepted_stream(accepted).await else { continue };
+                    let Some((stream, _)) = accepted_stream(accepted).await else { continue };
                     // Over the limit: close at once (the client sees the connection
                     // end) rather than queue it.
                     let Ok(slot) = connections.clone().try_acquire_owned() else {
@@ -258,35 +291,49 @@ impl<S: Store> Bound<S> {
                         }
                     });
                     let builder = builder.clone();
-                    let watcher = graceful.watcher();
-                    tokio::spawn(async move {
+                    let mut stopping = stopping.clone();
+                    conns.spawn(async move {
                         let _slot = slot;
                         let _open = open;
-                        if !first_bytes(&stream, header_timeout).await {
+                        let started = tokio::select! {
+                            started = first_bytes(&stream, header_timeout) => started,
+                            _ = stopping.wait_for(|s| *s) => false,
+                        };
+                        if !started {
                             return;
                         }
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                        let _ = watcher.watch(conn).await;
+                        let stop = async move {
+                            let _ = stopping.wait_for(|s| *s).await;
+                        };
+                        crate::conn::serve(&builder, TokioIo::new(stream), svc, lifetime, stop).await;
                     });
                 }
                 accepted = admin.accept() => {
-                    let Some(stream) = accepted_stream(accepted).await else { continue };
-                    let Ok(slot) = admin_connections.clone().try_acquire_owned() else {
+                    let Some((stream, peer)) = accepted_stream(accepted).await else { continue };
+                    let Ok(pending) = admin_slots.pending.clone().try_acquire_owned() else {
                         drop(stream);
                         continue;
                     };
                     let app = app.clone();
-                    let svc = service_fn(move |req| {
+                    let svc = service_fn(move |mut req: http::Request<Incoming>| {
+                        req.extensions_mut().insert(crate::web::ClientIp(peer.ip()));
                         let app = app.clone();
                         async move { Ok::<_, Infallible>(app.admin(req).await) }
                     });
-                    let builder = builder.clone();
+                    let builder = admin_builder.clone();
+                    let slots = admin_slots.clone();
+                    // Probes and metrics are served through shutdown's drain, as before.
                     admin_conns.spawn(async move {
-                        let _slot = slot;
                         if !first_bytes(&stream, header_timeout).await {
                             return;
                         }
-                        let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                        let Some(_slot) = slots.classify(&stream).await else {
+                            tracing::debug!("admin connections full for its kind: one closed");
+                            return;
+                        };
+                        drop(pending);
+                        let stop = std::future::pending::<()>();
+                        crate::conn::serve(&builder, TokioIo::new(stream), svc, admin_lifetime, stop).await;
                     });
                 }
                 _ = &mut shutdown => break,
@@ -305,8 +352,10 @@ impl<S: Store> Bound<S> {
         );
         deliveries.close();
         let draining_since = tokio::time::Instant::now();
+        let _ = stop.send(true);
+        conns.close();
         let drained = tokio::time::timeout(grace, async {
-            graceful.shutdown().await;
+            conns.wait().await;
             deliveries.wait().await;
         })
         .await;
@@ -336,11 +385,46 @@ impl<S: Store> Bound<S> {
     }
 }
 
-async fn accepted_stream(accepted: std::io::Result<(TcpStream, SocketAddr)>) -> Option<TcpStream> {
+/// The admin listener's connection slots: one kind cannot take the other's.
+#[derive(Clone)]
+struct AdminSlots {
+    pending: Arc<Semaphore>,
+    probes: Arc<Semaphore>,
+    console: Arc<Semaphore>,
+}
+
+impl AdminSlots {
+    fn new() -> AdminSlots {
+        AdminSlots {
+            pending: Arc::new(Semaphore::new(MAX_ADMIN_PENDING)),
+            probes: Arc::new(Semaphore::new(MAX_PROBE_CONNECTIONS)),
+            console: Arc::new(Semaphore::new(MAX_CONSOLE_CONNECTIONS)),
+        }
+    }
+
+    /// The slot for a connection that has sent its first bytes, by what its first
+    /// request is (HTTP/2 and anything but a probe count as the console's); None when
+    /// that kind is full.
+    async fn classify(&self, stream: &TcpStream) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let mut line = [0u8; 32];
+        // What `first_bytes` saw is still there: this does not wait.
+        let n = stream.peek(&mut line).await.ok()?;
+        let kind = if crate::probes::is_probe(&line[..n]) {
+            &self.probes
+        } else {
+            &self.console
+        };
+        kind.clone().try_acquire_owned().ok()
+    }
+}
+
+async fn accepted_stream(
+    accepted: std::io::Result<(TcpStream, SocketAddr)>,
+) -> Option<(TcpStream, SocketAddr)> {
     match accepted {
-        Ok((stream, _)) => {
+        Ok((stream, peer)) => {
             let _ = stream.set_nodelay(true);
-            Some(stream)
+            Some((stream, peer))
         }
         Err(e) => {
             // Out of file descriptors and the like: back off instead of spinning.

@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use super::SidecarOptions;
 use super::review::{Reviewed, review};
+use crate::conn::Lifetime;
 
 /// The largest AdmissionReview accepted: the API server's own limit on a request's
 /// body, so no pod it accepted is refused here.
@@ -37,8 +38,15 @@ const MAX_REVIEWS: usize = 2;
 /// A request's whole time: reading its body (a slow sender), waiting for a review
 /// slot, the review itself.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection is closed gracefully at this age, so no client holds a slot forever.
-const MAX_CONNECTION_AGE: Duration = Duration::from_secs(120);
+/// What ends a connection the API server (or anyone) keeps open: a PING unanswered for
+/// 10 s, a minute without a request, two minutes of age; the request in hand then gets
+/// `REQUEST_TIMEOUT` to finish.
+const LIFETIME: Lifetime = Lifetime {
+    keep_alive: Duration::from_secs(10),
+    idle: Duration::from_secs(60),
+    max_age: Duration::from_secs(120),
+    drain: REQUEST_TIMEOUT,
+};
 /// How often the certificate files are compared with what is served.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
 /// A client gets this long for its TLS handshake, then for a request's head.
@@ -175,11 +183,7 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HANDSHAKE_TIMEOUT);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(20)))
-        .keep_alive_timeout(Duration::from_secs(10));
+    LIFETIME.configure(&mut builder);
     let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (stop, stopping) = watch::channel(false);
@@ -238,8 +242,8 @@ struct Connection {
     stopping: watch::Receiver<bool>,
 }
 
-/// TLS, then HTTP until the client closes, the connection reaches its age limit or
-/// the injector stops (both close it gracefully: the request in hand is answered).
+/// TLS, then HTTP until the client closes, the connection idles or reaches its age
+/// limit, or the injector stops (see `LIFETIME`; the last three close it gracefully).
 async fn serve(c: Connection) {
     let Connection {
         stream,
@@ -264,15 +268,10 @@ async fn serve(c: Connection) {
             }))
         }
     });
-    let conn = builder.serve_connection(TokioIo::new(tls), svc);
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        _ = stopping.wait_for(|s| *s) => {}
-        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    let _ = tokio::time::timeout(REQUEST_TIMEOUT, conn).await;
+    let stop = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    };
+    crate::conn::serve(&builder, TokioIo::new(tls), svc, LIFETIME, stop).await;
 }
 
 /// One request: `POST /mutate` is reviewed, `GET /healthz` answers for probes.

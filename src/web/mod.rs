@@ -9,14 +9,19 @@
 //!
 //! Without any admin token configured the whole of `/admin/` answers 404; `/metrics`
 //! and the probes stay open either way. Every action is logged (target
-//! `idemgate::audit`) with the token's name and what was done.
+//! `idemgate::audit`) with the token's name and what was done. Refused requests are
+//! slowed per client address (`throttle`); every body is read within `body_timeout`.
 
 mod api;
 mod control;
 mod pages;
 mod pages_ops;
+mod throttle;
+
+pub use throttle::ClientIp;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -69,6 +74,10 @@ pub struct Console {
     /// Where the per-minute activity of each route is read from.
     metrics: std::sync::Arc<Metrics>,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Refused requests per client address.
+    throttle: throttle::Throttle,
+    /// A request body (a form, a control request) arrives within this, or is refused.
+    body_timeout: Duration,
 }
 
 /// Who is asking, once authenticated.
@@ -89,6 +98,8 @@ impl Console {
             routes: config.routes.iter().map(|r| r.name.clone()).collect(),
             metrics,
             sessions: Mutex::new(HashMap::new()),
+            throttle: throttle::Throttle::default(),
+            body_timeout: config.body_timeout,
         }
     }
 
@@ -175,6 +186,44 @@ impl Console {
         sid
     }
 
+    /// Holds a refused request's answer as `throttle` says, and logs the refusal
+    /// (`what`) at WARN while the address's refusals are few, then at DEBUG.
+    async fn refuse(&self, client: IpAddr, what: &str) {
+        let r = self.throttle.refused(client);
+        if r.log {
+            tracing::warn!(target: "idemgate::audit", %client, refusals = r.refusals, "{what}");
+        } else {
+            tracing::debug!(target: "idemgate::audit", %client, refusals = r.refusals, "{what}");
+        }
+        tokio::time::sleep(r.wait).await;
+    }
+
+    /// Reads a small form body, within `body_timeout`.
+    async fn read_form<B>(&self, body: B) -> Option<HashMap<String, String>>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let bytes = self.read_body(body, MAX_FORM).await.ok()?;
+        Some(form_urlencoded::parse(&bytes).into_owned().collect())
+    }
+
+    /// Reads a body of at most `limit` bytes within `body_timeout`; Err(true) when it
+    /// is too large, Err(false) when it is late or broken.
+    async fn read_body<B>(&self, body: B, limit: usize) -> Result<Bytes, bool>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        match tokio::time::timeout(self.body_timeout, Limited::new(body, limit).collect()).await {
+            Ok(Ok(b)) => Ok(b.to_bytes()),
+            Ok(Err(e)) => Err(e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()),
+            Err(_) => Err(false),
+        }
+    }
+
     fn logout(&self, headers: &HeaderMap) {
         if let (Some(sid), Ok(mut sessions)) = (cookie(headers, COOKIE), self.sessions.lock()) {
             sessions.remove(&sid);
@@ -259,20 +308,6 @@ pub(crate) fn query_pairs(q: Option<&str>) -> HashMap<String, String> {
         .collect()
 }
 
-/// Reads a small form body.
-async fn read_form<B>(body: B) -> Option<HashMap<String, String>>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let bytes = Limited::new(body, MAX_FORM)
-        .collect()
-        .await
-        .ok()?
-        .to_bytes();
-    Some(form_urlencoded::parse(&bytes).into_owned().collect())
-}
-
 /// The 403 page when a console form's CSRF token is not the session's (compared in
 /// constant time), so that no state-changing form is accepted from another site.
 fn csrf_refused(caller: &Caller, form: &HashMap<String, String>) -> Option<Answer> {
@@ -313,13 +348,21 @@ where
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     let method = parts.method.clone();
     let query = parts.uri.query();
+    let client = parts
+        .extensions
+        .get::<ClientIp>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
 
     // The JSON API: bearer tokens only.
     let api = ["deliveries", "dead-letters", "routes", "jobs"];
     if segs.get(1).is_some_and(|s| api.contains(s)) {
         let Some(caller) = console.bearer(&parts.headers) else {
             let presented = parts.headers.contains_key(header::AUTHORIZATION);
-            tracing::warn!(target: "idemgate::audit", path = parts.uri.path(), presented, "admin API request refused: no valid token");
+            let what = format!(
+                "admin API request refused: no valid token (path {}, token presented: {presented})",
+                parts.uri.path()
+            );
+            console.refuse(client, &what).await;
             let mut r = json_error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -330,14 +373,23 @@ where
             return r;
         };
         if matches!(segs.get(1), Some(&"routes") | Some(&"jobs")) {
-            let Ok(body) = Limited::new(body, control::MAX_BODY).collect().await else {
-                return json_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    "the request body is larger than 64 KiB",
-                );
+            let body = match console.read_body(body, control::MAX_BODY).await {
+                Ok(body) => body,
+                Err(true) => {
+                    return json_error(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        "the request body is larger than 64 KiB",
+                    );
+                }
+                Err(false) => {
+                    return json_error(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        "the request body did not arrive in time",
+                    );
+                }
             };
-            let body = body.to_bytes();
             return control::handle(&op, &caller, console.routes(), &method, &segs[1..], body)
                 .await;
         }
@@ -349,7 +401,7 @@ where
         ("GET", ["login"]) => return login_page(None),
         ("POST", ["login"]) => {
             let want = cookie(&parts.headers, LOGIN_COOKIE).unwrap_or_default();
-            let form = read_form(body).await.unwrap_or_default();
+            let form = console.read_form(body).await.unwrap_or_default();
             let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
             if want.is_empty() || !bool::from(want.as_bytes().ct_eq(sent)) {
                 tracing::warn!(target: "idemgate::audit", "console login refused: bad CSRF token");
@@ -370,7 +422,9 @@ where
                     r
                 }
                 None => {
-                    tracing::warn!(target: "idemgate::audit", "console login refused: wrong token");
+                    console
+                        .refuse(client, "console login refused: wrong token")
+                        .await;
                     login_page(Some("That token is not valid."))
                 }
             };
@@ -383,7 +437,7 @@ where
     match (method.as_str(), &segs[1..]) {
         ("GET", [] | [""]) => pages::list(console, &op, &caller, query).await,
         ("POST", ["logout"]) => {
-            let form = read_form(body).await.unwrap_or_default();
+            let form = console.read_form(body).await.unwrap_or_default();
             let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
             let want = caller.csrf.as_deref().unwrap_or("").as_bytes();
             if want.is_empty() || !bool::from(want.ct_eq(sent)) {
@@ -413,7 +467,7 @@ where
             pages::confirm(&caller, route, key, &action)
         }
         ("POST", ["view", route, key, action @ ("replay" | "forget")]) => {
-            let form = read_form(body).await.unwrap_or_default();
+            let form = console.read_form(body).await.unwrap_or_default();
             let sent = form.get("csrf").map(String::as_bytes).unwrap_or(b"");
             let want = caller.csrf.as_deref().unwrap_or("").as_bytes();
             if want.is_empty() || !bool::from(want.ct_eq(sent)) {
@@ -437,7 +491,7 @@ where
             pages_ops::confirm_pause(console, &caller, route, &action)
         }
         ("POST", ["routes-page", route, action @ ("pause" | "resume")]) => {
-            let form = read_form(body).await.unwrap_or_default();
+            let form = console.read_form(body).await.unwrap_or_default();
             if let Some(refused) = csrf_refused(&caller, &form) {
                 return refused;
             }
@@ -447,7 +501,7 @@ where
             pages_ops::confirm_job(console, &caller, &query_pairs(query))
         }
         ("POST", ["jobs-page", "start"]) => {
-            let form = read_form(body).await.unwrap_or_default();
+            let form = console.read_form(body).await.unwrap_or_default();
             if let Some(refused) = csrf_refused(&caller, &form) {
                 return refused;
             }
@@ -456,7 +510,7 @@ where
         ("GET", ["job", id]) => pages_ops::job(&op, &caller, id).await,
         ("GET", ["job", id, "confirm"]) => pages_ops::confirm_restart(&caller, id),
         ("POST", ["job", id, "restart"]) => {
-            let form = read_form(body).await.unwrap_or_default();
+            let form = console.read_form(body).await.unwrap_or_default();
             if let Some(refused) = csrf_refused(&caller, &form) {
                 return refused;
             }

@@ -51,14 +51,17 @@ fn assert_no_secrets(sc: &Sidecar) {
 
 /// Writes `bytes` on a fresh connection, then reads until the server closes or
 /// `deadline` passes. Returns (what was read, whether the server closed).
-async fn raw(addr: SocketAddr, bytes: &[u8], deadline: Duration) -> (Vec<u8>, bool) {
+pub(crate) async fn raw(addr: SocketAddr, bytes: &[u8], deadline: Duration) -> (Vec<u8>, bool) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let _ = s.write_all(bytes).await;
     let _ = s.flush().await;
     read_until_closed(&mut s, deadline).await
 }
 
-async fn read_until_closed(s: &mut tokio::net::TcpStream, deadline: Duration) -> (Vec<u8>, bool) {
+pub(crate) async fn read_until_closed(
+    s: &mut tokio::net::TcpStream,
+    deadline: Duration,
+) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     let end = Instant::now() + deadline;
     let mut buf = [0u8; 8192];
@@ -76,7 +79,7 @@ async fn read_until_closed(s: &mut tokio::net::TcpStream, deadline: Duration) ->
 }
 
 /// The status of the first HTTP/1.1 answer in `bytes`.
-fn status_of(bytes: &[u8]) -> Option<u16> {
+pub(crate) fn status_of(bytes: &[u8]) -> Option<u16> {
     let text = String::from_utf8_lossy(bytes);
     let line = text.lines().next()?;
     line.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()

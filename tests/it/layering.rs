@@ -13,7 +13,9 @@ use std::path::Path;
 /// Bottom to top: a module may name modules of lower layers only. Names that do not
 /// exist yet (app, console, ops) are where the console, ops and wiring modules go.
 const LAYERS: &[&[&str]] = &[
-    // Leaves and the config: upstream, logging and inject name no other module today.
+    // Leaves and the config: upstream, logging and inject name no other module today
+    // but conn (how every listener serves a connection), which names none.
+    &["conn"],
     &["config", "upstream", "logging", "inject"],
     // Each needs only config: metrics its route settings, providers the parsed routes,
     // trace its `[tracing]` section.

@@ -18,6 +18,7 @@ mod e2e_console_ops;
 mod e2e_faults;
 mod e2e_harness;
 mod e2e_hostile;
+mod e2e_hostile_listeners;
 mod e2e_injector;
 mod e2e_jobs;
 mod e2e_lease_lost;
