@@ -338,8 +338,8 @@ where
                 );
             };
             let body = body.to_bytes();
-            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], body)
-                .await;
+            let req = (&parts.headers, body);
+            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], req).await;
         }
         return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }

@@ -20,6 +20,7 @@ mod e2e_harness;
 mod e2e_hostile;
 mod e2e_injector;
 mod e2e_jobs;
+mod e2e_jobs_start;
 mod e2e_presets_a;
 mod e2e_presets_b;
 mod e2e_protect;
