@@ -81,6 +81,8 @@ async fn a_start_answered_503_runs_nothing_and_its_retry_is_one_job() {
     let other = json!({"kind": "replay", "route": ROUTE, "filter": {"status": "released"}});
     let (s, v) = start(&a, &other, "op-retry-1").await;
     assert_eq!(s, 409, "one key, another request: {v}");
+    let (s, v) = start(&a, &other, &"k".repeat(201)).await;
+    assert_eq!(s, 400, "a key too long: {v}");
     let done = wait_job(
         "replay",
         20 * SEC,
