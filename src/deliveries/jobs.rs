@@ -8,18 +8,23 @@
 //! starts it again. An item marked but never settled (its sidecar died mid-item) is
 //! counted failed, never acted on again. Replays are paced like the route's own
 //! deliveries (`AsyncMode::paced`), each under the key's claim like a single replay.
+//!
+//! A job is created all or nothing (`Jobs::job_create`), and a start carrying an
+//! idempotency key is the one job that key created: a retried start, whatever became
+//! of the first try, never runs a second job.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::replay;
 use crate::gate::Gate;
 use crate::queue::{AsyncMode, QueueBackend};
-use crate::store::jobs::{JobRecord, JobState, Mark};
+use crate::store::jobs::{Created, JobRecord, JobState, Mark};
 use crate::store::log::{ListQuery, LogSupport};
 use crate::store::{DeliveryKey, Status, Store, StoreError, unix_millis};
 
@@ -92,24 +97,83 @@ pub struct Planning<'a, S> {
     pub async_routes: &'a [String],
 }
 
-/// Checks a job request (`kind`, `route`, `filter`) and reads its work list: the job
-/// as it starts (owned by `owner`; `""` leaves it to the first sidecar that looks) and
-/// its items. Shared by the admin API and `idemgate jobs start`.
-pub async fn plan<S: Store>(
+/// An operator's request for a job.
+pub struct JobRequest<'a> {
+    pub kind: &'a str,
+    pub route: &'a str,
+    pub filter: &'a Map<String, Value>,
+    /// The request's idempotency key: every start with it is the one job it created.
+    pub key: Option<&'a str>,
+}
+
+impl JobRequest<'_> {
+    /// The job's ID: derived from the idempotency key, so that a retried start finds
+    /// the job its first attempt created; else a fresh one.
+    fn id(&self) -> String {
+        match self.key {
+            Some(k) => hex::encode(&Sha256::digest(format!("job:{k}"))[..16]),
+            None => crate::store::Token::random().to_hex(),
+        }
+    }
+
+    /// `j`, the job this request's key created, when it is this request's; a key used
+    /// for another request is refused.
+    fn same(&self, j: JobRecord) -> Result<JobRecord, JobError> {
+        let filter = Value::Object(self.filter.clone()).to_string();
+        if (j.kind.as_str(), j.route.as_str(), j.filter.as_str())
+            == (self.kind, self.route, &filter)
+        {
+            return Ok(j);
+        }
+        Err(JobError::Conflict(format!(
+            "the idempotency key `{}` started another job ({}: {} on `{}`, filter {})",
+            self.key.unwrap_or(""),
+            j.id,
+            j.kind,
+            j.route,
+            j.filter
+        )))
+    }
+}
+
+/// Creates the job `req` asks for (owned by `owner`; `""` leaves it to the first
+/// sidecar that looks), all or nothing, or finds the one its idempotency key created
+/// before: the job, and whether this call created it. Shared by the admin API and
+/// `idemgate jobs start`.
+pub async fn create<S: Store>(
     p: &Planning<'_, S>,
-    kind: &str,
-    route: &str,
-    filter: &Map<String, Value>,
+    req: &JobRequest<'_>,
+    owner: &str,
+) -> Result<(JobRecord, bool), JobError> {
+    let id = req.id();
+    if req.key.is_some()
+        && let Some(j) = p.backend.job_get(&id).await?
+    {
+        return req.same(j).map(|j| (j, false));
+    }
+    let (job, items) = plan(p, req, id, owner).await?;
+    match p.backend.job_create(&job, &items).await? {
+        Created::New => Ok((job, true)),
+        Created::Exists(j) => req.same(j).map(|j| (j, false)),
+    }
+}
+
+/// Checks a job request and reads its work list: the job as it starts and its items.
+async fn plan<S: Store>(
+    p: &Planning<'_, S>,
+    req: &JobRequest<'_>,
+    id: String,
     owner: &str,
 ) -> Result<(JobRecord, Vec<String>), JobError> {
-    let work = parse(p, kind, route, filter)?;
+    let (kind, route) = (req.kind, req.route);
+    let work = parse(p, kind, route, req.filter)?;
     let items = items(p, route, work).await?;
     let now = unix_millis();
     let job = JobRecord {
-        id: crate::store::Token::random().to_hex(),
+        id,
         kind: kind.to_string(),
         route: route.to_string(),
-        filter: Value::Object(filter.clone()).to_string(),
+        filter: Value::Object(req.filter.clone()).to_string(),
         state: JobState::Running,
         total: items.len() as u64,
         done: 0,
@@ -303,22 +367,21 @@ impl<S: Store> JobRunner<S> {
         &*self.backend
     }
 
-    /// Starts a job: reads its work list, stores it, runs it in the background.
-    pub async fn start(
-        self: &Arc<Self>,
-        kind: &str,
-        route: &str,
-        filter: &Map<String, Value>,
-    ) -> Result<JobRecord, JobError> {
+    /// Starts a job: reads its work list, stores it, runs it in the background; or,
+    /// retried with the same idempotency key, answers the job the first try created.
+    pub async fn start(self: &Arc<Self>, req: &JobRequest<'_>) -> Result<JobRecord, JobError> {
         let planning = Planning {
             store: self.gate.store(),
             backend: &*self.backend,
             routes: &self.routes,
             async_routes: &self.async_routes,
         };
-        let (job, items) = plan(&planning, kind, route, filter, &self.me).await?;
-        self.backend.job_create(&job, &items).await?;
-        self.spawn(job.clone());
+        let (job, _) = create(&planning, req, &self.me).await?;
+        // Ours (created now, or by a try whose answer was lost): run it here, once;
+        // another sidecar's is run there, or taken over when its beat stops.
+        if job.owner == self.me && job.state == JobState::Running {
+            self.spawn(job.clone());
+        }
         Ok(job)
     }
 

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::config::{Config, RouteMode, StoreUrl};
 use crate::deliveries::audit::audit;
-use crate::deliveries::jobs::{self, JobError, Planning, job_json};
+use crate::deliveries::jobs::{self, JobError, JobRequest, Planning, job_json};
 use crate::store::jobs::Jobs;
 use crate::store::pacing::Pacing;
 use crate::store::queue::QueueBackend;
@@ -60,14 +60,24 @@ enum JobsCommand {
         #[arg(long)]
         filter: Option<String>,
         /// An existing job to start again: it finishes the items not yet acted on.
-        #[arg(long, conflicts_with_all = ["kind", "route", "filter"])]
+        #[arg(long, conflicts_with_all = ["kind", "route", "filter", "idempotency_key"])]
         id: Option<String>,
+        /// The start's idempotency key: every start with it is the one job it created.
+        /// Default: a new one per invocation, reused on this invocation's retries (and
+        /// printed when they all fail, to run the same start again).
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
     /// One job's state and progress.
     Show { id: String },
     /// The newest jobs.
     List,
 }
+
+/// How many times `jobs start` tries when the store fails, with the same idempotency
+/// key, pausing `RETRY_PAUSE` times the tries so far in between.
+const START_TRIES: u32 = 3;
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn who() -> String {
     format!(
@@ -272,6 +282,7 @@ pub fn jobs_main(config: Option<&Path>, args: JobsArgs) -> ExitCode {
                 kind,
                 route,
                 filter,
+                idempotency_key,
                 ..
             } => {
                 let filter: Map<String, Value> =
@@ -289,21 +300,40 @@ pub fn jobs_main(config: Option<&Path>, args: JobsArgs) -> ExitCode {
                     async_routes: &asyncs,
                 };
                 let (kind, route) = (kind.unwrap_or_default(), route.unwrap_or_default());
-                let planned = jobs::plan(&planning, &kind, &route, &filter, "").await;
-                let (job, items) = match planned {
-                    Ok(p) => p,
-                    Err(JobError::Store(e)) => return fail("jobs", e),
-                    Err(e) => return fail("jobs", e),
+                let key = idempotency_key.unwrap_or_else(|| crate::store::Token::random().to_hex());
+                let req = JobRequest {
+                    kind: &kind,
+                    route: &route,
+                    filter: &filter,
+                    key: Some(&key),
                 };
-                if let Err(e) = queue.job_create(&job, &items).await {
-                    return fail("jobs", e);
-                }
+                let mut tries = 0;
+                let (job, new) = loop {
+                    tries += 1;
+                    match jobs::create(&planning, &req, "").await {
+                        Ok(created) => break created,
+                        Err(JobError::Store(e)) if tries < START_TRIES => {
+                            eprintln!("idemgate jobs: {e}; trying again");
+                            tokio::time::sleep(RETRY_PAUSE * tries).await;
+                        }
+                        Err(JobError::Store(e)) => {
+                            return fail(
+                                "jobs",
+                                format!(
+                                    "{e} (run the same start with --idempotency-key {key}: it is the job this one may have created, never a second)"
+                                ),
+                            );
+                        }
+                        Err(e) => return fail("jobs", e),
+                    }
+                };
+                let what = if new { "started" } else { "already started" };
                 audit(
                     &who(),
                     "job",
                     &route,
                     &job.id,
-                    &format!("{kind} started ({} items)", job.total),
+                    &format!("{kind} {what} ({} items)", job.total),
                 );
                 show(&job_json(&job, now));
                 ExitCode::SUCCESS

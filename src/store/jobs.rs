@@ -75,11 +75,27 @@ pub enum Mark {
 /// How long a job's keys are kept after its last change.
 pub const JOB_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// What `job_create` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// The job is stored, all of it.
+    New,
+    /// A job with this ID was stored before (a retried start): left as it is.
+    Exists(JobRecord),
+}
+
 /// The jobs' storage; each method one store round trip (a script where it must be
-/// atomic). Every write but `job_create` is fenced by the owner's name.
+/// atomic) but `job_create`. Every write but `job_create` is fenced by the owner's name.
 pub trait Jobs: Send + Sync + 'static {
-    /// Stores a new job (state `running`, owned by `job.owner`) and its work list.
-    fn job_create<'a>(&'a self, job: &'a JobRecord, items: &'a [String]) -> StoreFuture<'a, ()>;
+    /// Stores a new job (state `running`, owned by `job.owner`) and its work list, all
+    /// or nothing: no part of it is listed, taken over or run until its record is
+    /// stored, in one step with the work list, and a part written before a failure
+    /// expires. When a job with `job.id` exists, changes nothing and returns it.
+    fn job_create<'a>(
+        &'a self,
+        job: &'a JobRecord,
+        items: &'a [String],
+    ) -> StoreFuture<'a, Created>;
     fn job_get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<JobRecord>>;
     /// The newest `limit` jobs, newest first.
     fn job_list<'a>(&'a self, limit: usize) -> StoreFuture<'a, Vec<JobRecord>>;

@@ -3,12 +3,12 @@
 //! `GET /admin/jobs`, `GET /admin/jobs/{id}`. The web page calls the same functions.
 
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Map, Value, json};
 
 use super::{Answer, Caller, Operator, json, json_error};
 use crate::deliveries::audit::audit;
-use crate::deliveries::jobs::{JobError, job_json};
+use crate::deliveries::jobs::{JobError, JobRequest, job_json};
 use crate::store::{Store, StoreError, unix_millis};
 
 /// The largest job request read.
@@ -102,13 +102,27 @@ fn job_error(e: &JobError) -> Answer {
     json_error(status, code, &e.to_string())
 }
 
-/// Starts a job from the request `{"kind", "route", "filter"}`, or starts an existing
-/// one again from `{"id"}`; answers 202 with the job.
+/// The longest idempotency key taken.
+const MAX_KEY: usize = 200;
+
+/// Starts a job from the request `{"kind", "route", "filter"}` (the same job for every
+/// request with its idempotency `key`), or starts an existing one again from `{"id"}`;
+/// answers 202 with the job.
 pub(crate) async fn start_job<S: Store>(
     op: &Operator<'_, S>,
     caller: &Caller,
     req: &Map<String, Value>,
+    key: Option<&str>,
 ) -> Answer {
+    if key.is_some_and(|k| {
+        k.is_empty() || k.len() > MAX_KEY || !k.bytes().all(|b| b.is_ascii_graphic())
+    }) {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            &format!("Idempotency-Key must be 1 to {MAX_KEY} visible ASCII characters"),
+        );
+    }
     let Some(jobs) = op.jobs else {
         return json_error(
             StatusCode::NOT_IMPLEMENTED,
@@ -148,7 +162,13 @@ pub(crate) async fn start_job<S: Store>(
                 &format!("a job takes kind, route and filter (or id); not `{k}`"),
             );
         }
-        jobs.start(text("kind"), text("route"), &filter).await
+        let req = JobRequest {
+            kind: text("kind"),
+            route: text("route"),
+            filter: &filter,
+            key,
+        };
+        jobs.start(&req).await
     };
     match r {
         Ok(job) => {
@@ -175,8 +195,9 @@ pub(crate) async fn handle<S: Store>(
     routes: &[String],
     method: &Method,
     segs: &[&str],
-    body: Bytes,
+    req: (&HeaderMap, Bytes),
 ) -> Answer {
+    let (headers, body) = req;
     match (method, segs) {
         (&Method::GET, ["routes"]) => {
             audit(&caller.who, "list_routes", "-", "-", "ok");
@@ -189,7 +210,15 @@ pub(crate) async fn handle<S: Store>(
             set_paused(op, caller, routes, route, *action == "pause").await
         }
         (&Method::POST, ["jobs"]) => match serde_json::from_slice::<Value>(&body) {
-            Ok(Value::Object(req)) => start_job(op, caller, &req).await,
+            Ok(Value::Object(req)) => match headers.get("idempotency-key").map(|v| v.to_str()) {
+                Some(Err(_)) => json_error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "Idempotency-Key must be visible ASCII",
+                ),
+                Some(Ok(key)) => start_job(op, caller, &req, Some(key)).await,
+                None => start_job(op, caller, &req, None).await,
+            },
             _ => json_error(
                 StatusCode::BAD_REQUEST,
                 "bad_request",

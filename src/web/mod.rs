@@ -390,8 +390,8 @@ where
                     );
                 }
             };
-            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], body)
-                .await;
+            let req = (&parts.headers, body);
+            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], req).await;
         }
         return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }

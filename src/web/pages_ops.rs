@@ -296,6 +296,9 @@ pub(crate) async fn set_paused<S: Store>(
     }
 }
 
+/// The confirm form's idempotency key for the job it starts.
+const KEY_FIELD: &str = "idempotency_key";
+
 /// The job request `control::start_job` takes, from the start form's fields: only the
 /// kind's own filter fields, empty ones left out, `since`/`until` as numbers.
 fn job_request(fields: &HashMap<String, String>) -> Map<String, Value> {
@@ -360,6 +363,11 @@ pub(crate) fn confirm_job(
         );
     }
     let mut hidden = csrf_field(caller);
+    let _ = write!(
+        hidden,
+        "<input type=hidden name={KEY_FIELD} value=\"{}\">",
+        crate::store::Token::random().to_hex()
+    );
     let mut shown = String::new();
     for (k, v) in [("kind", kind), ("route", route)] {
         let _ = write!(hidden, "<input type=hidden name={k} value=\"{}\">", esc(v));
@@ -421,7 +429,9 @@ pub(crate) async fn start_job<S: Store>(
     fields: &HashMap<String, String>,
 ) -> Answer {
     let req = job_request(fields);
-    job_result(caller, control::start_job(op, caller, &req).await).await
+    // The confirm page's key: its form sent twice is one job.
+    let key = fields.get(KEY_FIELD).map(String::as_str);
+    job_result(caller, control::start_job(op, caller, &req, key).await).await
 }
 
 /// `POST /admin/job/{id}/restart` (CSRF checked by the caller): an interrupted or
@@ -433,7 +443,7 @@ pub(crate) async fn restart_job<S: Store>(
 ) -> Answer {
     let mut req = Map::new();
     req.insert("id".into(), Value::from(id));
-    job_result(caller, control::start_job(op, caller, &req).await).await
+    job_result(caller, control::start_job(op, caller, &req, None).await).await
 }
 
 /// `GET /admin/job/{id}`: one job's progress; "Start again" when it stopped short.

@@ -19,13 +19,13 @@ const QUEUED_PATH: &str = "/webhooks/queued";
 
 /// The application: every request is answered `failing` (a status) while it is not 0;
 /// the sync route takes `delay` ms.
-struct App {
-    probe: ProbeApp,
+pub(crate) struct App {
+    pub(crate) probe: ProbeApp,
     failing: Arc<AtomicU16>,
     delay: Arc<AtomicU64>,
 }
 
-async fn app() -> App {
+pub(crate) async fn app() -> App {
     let failing = Arc::new(AtomicU16::new(0));
     let delay = Arc::new(AtomicU64::new(0));
     let (f, d) = (failing.clone(), delay.clone());
@@ -46,7 +46,7 @@ async fn app() -> App {
 }
 
 /// The admin builder's sync route (`keep_payload`) plus an async route.
-fn builder_with_queue(app: &App, redis: &RedisServer) -> SidecarBuilder {
+pub(crate) fn builder_with_queue(app: &App, redis: &RedisServer) -> SidecarBuilder {
     let mut q = RouteCfg::standard(QUEUED, QUEUED_PATH);
     q.extra = "mode = \"async\"\nmax_attempts = 1\nkeep_payload = true\n".into();
     let mut route = RouteCfg::standard(ROUTE, PATH);
@@ -59,7 +59,12 @@ fn builder_with_queue(app: &App, redis: &RedisServer) -> SidecarBuilder {
         .env("OPS_TOKEN", OPS_TOKEN)
 }
 
-async fn call(sc: &Sidecar, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn call(
+    sc: &Sidecar,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
     let mut rb = sc
         .client
@@ -78,7 +83,7 @@ async fn call(sc: &Sidecar, method: &str, path: &str, body: Option<Value>) -> (u
 }
 
 /// Polls `show` until the job reaches `state`; returns the job.
-async fn wait_job(
+pub(crate) async fn wait_job(
     what: &str,
     deadline: Duration,
     mut show: impl AsyncFnMut() -> Value,
@@ -95,7 +100,7 @@ async fn wait_job(
     }
 }
 
-fn calls_per_key(calls: &[Call], path: &str) -> HashMap<String, (usize, usize)> {
+pub(crate) fn calls_per_key(calls: &[Call], path: &str) -> HashMap<String, (usize, usize)> {
     let mut m: HashMap<String, (usize, usize)> = HashMap::new();
     for c in calls.iter().filter(|c| c.path == path) {
         let e = m.entry(c.key.clone()).or_default();
@@ -295,7 +300,7 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
 }
 
 /// Sends `n` sync deliveries through `sc` and waits until each completed.
-async fn completed(sc: &Sidecar, app: &App, n: usize) -> Vec<Delivery> {
+pub(crate) async fn completed(sc: &Sidecar, app: &App, n: usize) -> Vec<Delivery> {
     let ds: Vec<Delivery> = (0..n).map(|_| Delivery::fresh()).collect();
     for d in &ds {
         assert_eq!(sc.send(d).await.status, 200);

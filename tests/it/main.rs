@@ -21,6 +21,7 @@ mod e2e_hostile;
 mod e2e_hostile_listeners;
 mod e2e_injector;
 mod e2e_jobs;
+mod e2e_jobs_start;
 mod e2e_lease_lost;
 mod e2e_presets_a;
 mod e2e_presets_b;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::RedisServer;
 use idemgate::queue::{QueueBackend, QueueEntry};
-use idemgate::store::jobs::{JobRecord, JobState, Mark};
+use idemgate::store::jobs::{Created, JobRecord, JobState, Mark};
 use idemgate::store::pacing::{Admit, Ask, Pacing};
 use idemgate::store::{Lifetimes, MemoryQueue, MemoryStore, RedisQueue, RedisStore, unix_millis};
 
@@ -357,6 +357,24 @@ async fn old_jobs_leave_the_listing<Q: QueueBackend>(q: Q) {
     assert_eq!(ids, ["new"]);
 }
 
+/// A job created again under its ID (a retried start whose first reply was lost) is
+/// the one job: listed once, its work list as first written, not doubled or replaced.
+async fn a_job_created_twice_under_one_id_is_one_job<Q: QueueBackend>(q: Q) {
+    let items: Vec<String> = vec!["k1".into(), "k2".into()];
+    let first = job("twice", "a", unix_millis());
+    assert_eq!(q.job_create(&first, &items).await.unwrap(), Created::New);
+    let more: Vec<String> = vec!["k1".into(), "k2".into(), "k3".into()];
+    assert_eq!(
+        q.job_create(&job("twice", "b", unix_millis()), &more)
+            .await
+            .unwrap(),
+        Created::Exists(first.clone())
+    );
+    assert_eq!(q.job_items("twice").await.unwrap(), items);
+    let list = q.job_list(10).await.unwrap();
+    assert_eq!(list, [first]);
+}
+
 /// An attempt given back with a refund is not counted: the next lock is the same
 /// attempt number.
 async fn a_refunded_attempt_is_not_counted<Q: QueueBackend>(q: Q) {
@@ -417,6 +435,7 @@ conformance!(
     order_values_go_one_at_a_time_in_queue_order,
     jobs_are_marked_once_and_taken_over_when_stale,
     old_jobs_leave_the_listing,
+    a_job_created_twice_under_one_id_is_one_job,
     a_refunded_attempt_is_not_counted,
 );
 

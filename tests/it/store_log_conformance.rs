@@ -301,6 +301,87 @@ async fn a_reclaimed_delivery_stays_listed_while_it_lives<S: Store>(s: S) {
     assert_eq!(listed, ["evt_a"]);
 }
 
+const RETAIN_4S: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_secs(4),
+};
+
+/// Stale index members on top of the list (a copy moved their score to "now", their
+/// records expired since) are skipped without skipping live ones: one listing as long
+/// as a job's page (500) and a walk of 50-item pages each return every live delivery.
+/// `s` keeps deliveries for 4 s.
+async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
+    const LIVE: usize = 250;
+    let start = tokio::time::Instant::now();
+    let deliver = |k: DeliveryKey| {
+        let s = &s;
+        async move {
+            let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
+            let done = settled("forwarded", Some(200), false);
+            assert!(
+                s.complete(&k, t, &response(b"ok"), Some(&done))
+                    .await
+                    .unwrap()
+            );
+        }
+    };
+    let old: Vec<DeliveryKey> = (0..10)
+        .map(|i| DeliveryKey::new("stale", format!("old_{i:02}")))
+        .collect();
+    for k in &old {
+        deliver(k.clone()).await; // lives until 4 s
+    }
+    tokio::time::sleep_until(start + Duration::from_millis(1000)).await;
+    let mut live = Vec::new();
+    for i in 0..LIVE {
+        let k = DeliveryKey::new("stale", format!("live_{i:03}"));
+        deliver(k.clone()).await; // lives until 5 s or later
+        live.push(k.key);
+    }
+    // Copies of the old deliveries put them on top of the list, not their lifetimes.
+    for k in &old {
+        assert!(
+            matches!(
+                s.claim(k, &fp("x"), LOGGED).await.unwrap(),
+                Claim::Completed(_)
+            ),
+            "the old delivery expired before its copy: too slow a machine for this test"
+        );
+    }
+    tokio::time::sleep_until(start + Duration::from_millis(4300)).await;
+    assert!(s.log_entry(&old[0]).await.unwrap().is_none(), "still lives");
+    let q = ListQuery {
+        routes: vec!["stale".into()],
+        limit: 500,
+        ..Default::default()
+    };
+    let one = s.recent(&q).await.unwrap();
+    let mut listed: Vec<String> = one.items.iter().map(|(_, e)| e.key.clone()).collect();
+    listed.sort();
+    assert_eq!(
+        (listed.len(), one.next.is_none()),
+        (LIVE, true),
+        "a 500-item listing skipped live deliveries"
+    );
+    assert_eq!(listed, live);
+    let mut q = ListQuery { limit: 50, ..q };
+    let mut paged = Vec::new();
+    loop {
+        let page = s.recent(&q).await.unwrap();
+        paged.extend(page.items.iter().map(|(_, e)| e.key.clone()));
+        match page.next {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+    }
+    paged.sort();
+    assert_eq!(paged, live, "50-item pages skipped live deliveries");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the live deliveries may have expired: too slow a machine for this test"
+    );
+}
+
 const SHORT: Lifetimes = Lifetimes {
     lease: Duration::from_secs(30),
     retention: Duration::from_secs(2),
@@ -609,6 +690,7 @@ both!(
     forget_frees_a_key_but_not_a_live_claim => LIFETIMES,
     the_recent_list_pages_newest_first_and_filters => LIFETIMES,
     a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
+    stale_members_on_top_hide_no_live_delivery => RETAIN_4S,
     a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,
     any_release_of_a_replay_keeps_the_old_answer => LIFETIMES,
     a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch => LIFETIMES;

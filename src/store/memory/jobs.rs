@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::queue::MemoryQueue;
-use crate::store::jobs::{JOB_TTL, JobRecord, JobState, Jobs, Mark};
+use crate::store::jobs::{Created, JOB_TTL, JobRecord, JobState, Jobs, Mark};
 use crate::store::queue::StoreFuture;
 use crate::store::unix_millis;
 
@@ -25,8 +25,15 @@ impl MemoryQueue {
 }
 
 impl Jobs for MemoryQueue {
-    fn job_create<'a>(&'a self, job: &'a JobRecord, items: &'a [String]) -> StoreFuture<'a, ()> {
+    fn job_create<'a>(
+        &'a self,
+        job: &'a JobRecord,
+        items: &'a [String],
+    ) -> StoreFuture<'a, Created> {
         Self::ready(self.with_jobs(|jobs| {
+            if let Some(j) = jobs.get(&job.id) {
+                return Created::Exists(j.record.clone());
+            }
             // Finished jobs are forgotten JOB_TTL after their creation, as on Redis.
             let cutoff = job.created.saturating_sub(JOB_TTL.as_millis() as u64);
             jobs.retain(|_, j| j.record.state == JobState::Running || j.record.created >= cutoff);
@@ -38,6 +45,7 @@ impl Jobs for MemoryQueue {
                     marks: HashMap::new(),
                 },
             );
+            Created::New
         }))
     }
 

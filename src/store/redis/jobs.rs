@@ -5,6 +5,12 @@
 //! `failed:<why>`), all under the job's hash tag, and `{prefix}:jobs` (a sorted set
 //! of job IDs by creation, for the listing; entries whose job expired are dropped when
 //! listed). Every key lives `JOB_TTL` after the job's last change.
+//!
+//! A job is created in steps that no sidecar acts on until the last: its work list is
+//! staged (`…:stage:<nonce>`, expiring), its ID listed (the listing skips an ID without
+//! a record), and then one script makes the staged list the job's and writes the
+//! record. A failure at any step leaves no job; a retried start under the same ID (an
+//! idempotency key's) finds the job the first attempt created, if it did.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -14,11 +20,14 @@ use redis::Value;
 
 use super::queue::RedisQueue;
 use super::{Call, ScriptDef, bytes_of, int_of, ms};
-use crate::store::StoreError;
-use crate::store::jobs::{JOB_TTL, JobRecord, JobState, Jobs, Mark};
+use crate::store::jobs::{Created, JOB_TTL, JobRecord, JobState, Jobs, Mark};
 use crate::store::queue::StoreFuture;
+use crate::store::{StoreError, Token, unix_millis};
 
 struct JobScripts {
+    stage: ScriptDef,
+    list_add: ScriptDef,
+    create: ScriptDef,
     take: ScriptDef,
     beat: ScriptDef,
     mark: ScriptDef,
@@ -28,6 +37,9 @@ struct JobScripts {
 fn scripts() -> &'static JobScripts {
     static S: OnceLock<JobScripts> = OnceLock::new();
     S.get_or_init(|| JobScripts {
+        stage: ScriptDef::new(include_str!("scripts/job_stage.lua")),
+        list_add: ScriptDef::new(include_str!("scripts/job_list_add.lua")),
+        create: ScriptDef::new(include_str!("scripts/job_create.lua")),
         take: ScriptDef::new(include_str!("scripts/job_take.lua")),
         beat: ScriptDef::new(include_str!("scripts/job_beat.lua")),
         mark: ScriptDef::new(include_str!("scripts/job_mark.lua")),
@@ -37,6 +49,11 @@ fn scripts() -> &'static JobScripts {
 
 /// Items sent per `RPUSH` when a job's work list is written.
 const CHUNK: usize = 1000;
+/// How long a staged work list lives unless its job's creation makes it the job's.
+const STAGE_TTL: Duration = Duration::from_secs(3600);
+/// How long a listed job ID without a record is taken for a start under way (its
+/// creation time is set before its work list is read and written), not a failed one.
+const UNBORN: Duration = Duration::from_secs(600);
 
 /// A job's keys: its record, work list and item marks.
 struct JobKeys {
@@ -102,55 +119,55 @@ fn record_of(id: &str, v: &Value) -> Option<JobRecord> {
 }
 
 impl Jobs for RedisQueue {
-    fn job_create<'a>(&'a self, job: &'a JobRecord, items: &'a [String]) -> StoreFuture<'a, ()> {
+    fn job_create<'a>(
+        &'a self,
+        job: &'a JobRecord,
+        items: &'a [String],
+    ) -> StoreFuture<'a, Created> {
         Box::pin(async move {
             let k = self.job_keys(&job.id);
-            // The work list first, the record last: a job is visible only whole.
+            // The work list is staged under a name of this attempt's, expiring; only the
+            // last step below makes it the job's.
+            let stage = format!("{}:stage:{}", k.meta, Token::random().to_hex());
             for chunk in items.chunks(CHUNK) {
-                let mut push = redis::cmd("RPUSH");
-                push.arg(&k.work).arg(chunk);
-                self.query::<Value>(push).await?;
+                let call = Call::new(&scripts().stage, &[&stage])
+                    .arg(ms(STAGE_TTL))
+                    .arg(chunk);
+                self.script(call).await?;
             }
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&k.meta)
-                .arg("kind")
-                .arg(&job.kind)
-                .arg("route")
-                .arg(&job.route)
-                .arg("filter")
-                .arg(&job.filter)
-                .arg("state")
-                .arg(job.state.as_str())
-                .arg("total")
-                .arg(job.total)
-                .arg("done")
-                .arg(job.done)
-                .arg("failed")
-                .arg(job.failed)
-                .arg("owner")
-                .arg(&job.owner)
-                .arg("beat")
-                .arg(job.beat)
-                .arg("created")
+            let index = self.jobs_index();
+            let list = Call::new(&scripts().list_add, &[&index])
                 .arg(job.created)
-                .arg("error")
-                .arg(&job.error);
-            self.query::<Value>(hset).await?;
-            for key in [&k.meta, &k.work] {
-                let mut exp = redis::cmd("PEXPIRE");
-                exp.arg(key).arg(ms(JOB_TTL));
-                self.query::<Value>(exp).await?;
+                .arg(&job.id)
+                .arg(job.created.saturating_sub(ms(JOB_TTL)))
+                .arg(ms(JOB_TTL));
+            self.script(list).await?;
+            let mut create =
+                Call::new(&scripts().create, &[&k.meta, &k.work, &stage]).arg(ms(JOB_TTL));
+            for (field, value) in [
+                ("kind", job.kind.clone()),
+                ("route", job.route.clone()),
+                ("filter", job.filter.clone()),
+                ("state", job.state.as_str().to_string()),
+                ("total", job.total.to_string()),
+                ("done", job.done.to_string()),
+                ("failed", job.failed.to_string()),
+                ("owner", job.owner.clone()),
+                ("beat", job.beat.to_string()),
+                ("created", job.created.to_string()),
+                ("error", job.error.clone()),
+            ] {
+                create = create.arg(field).arg(value);
             }
-            let mut add = redis::cmd("ZADD");
-            add.arg(self.jobs_index()).arg(job.created).arg(&job.id);
-            self.query::<Value>(add).await?;
-            // The index forgets jobs created more than JOB_TTL ago (their keys are gone
-            // by then, or soon), so it does not grow with every job ever run.
-            let mut trim = redis::cmd("ZREMRANGEBYSCORE");
-            trim.arg(self.jobs_index())
-                .arg("-inf")
-                .arg(format!("({}", job.created.saturating_sub(ms(JOB_TTL))));
-            self.query::<Value>(trim).await.map(|_| ())
+            let reply = self.script(create).await?;
+            if int_of(&reply) == Some(1) {
+                return Ok(Created::New);
+            }
+            record_of(&job.id, &reply)
+                .map(Created::Exists)
+                .ok_or_else(|| {
+                    StoreError::Unavailable("unexpected reply to a job's creation".into())
+                })
         })
     }
 
@@ -169,14 +186,18 @@ impl Jobs for RedisQueue {
             range
                 .arg(self.jobs_index())
                 .arg(0)
-                .arg(limit.saturating_sub(1));
-            let ids: Vec<String> = self.query(range).await?;
+                .arg(limit.saturating_sub(1))
+                .arg("WITHSCORES");
+            let ids: Vec<(String, u64)> = self.query(range).await?;
             let mut out = Vec::with_capacity(ids.len());
-            for id in ids {
+            let unborn = unix_millis().saturating_sub(ms(UNBORN));
+            for (id, created) in ids {
                 match self.job_get(&id).await? {
                     Some(j) => out.push(j),
+                    // Listed, not yet created (or never: its start failed): skipped.
+                    None if created >= unborn => {}
                     None => {
-                        // Expired: drop it from the listing.
+                        // Expired, or its start failed: drop it from the listing.
                         let mut rem = redis::cmd("ZREM");
                         rem.arg(self.jobs_index()).arg(&id);
                         self.query::<Value>(rem).await?;

@@ -239,7 +239,10 @@ impl RedisStore {
         let mut all = Vec::new();
         for route in &q.routes {
             let index = self.index_key_always(route);
-            let max = q
+            // Paged by score, not by a running offset: stale members removed on the
+            // way would shift every later member up past an offset. Each batch starts
+            // at the last score read, past the members at that score still indexed.
+            let mut max = q
                 .cursor
                 .as_ref()
                 .map(|c| c.score.to_string())
@@ -262,14 +265,16 @@ impl RedisStore {
                     )
                     .await?;
                 let n = members.len();
-                offset += n;
+                let last = members.last().map(|(_, score)| *score);
+                let mut removed = std::collections::HashSet::new();
                 let candidates: Vec<(String, u64)> = members
-                    .into_iter()
+                    .iter()
                     .filter(|(k, score)| {
                         q.cursor
                             .as_ref()
                             .is_none_or(|c| (*score, route.as_str(), k.as_str()) < c.order())
                     })
+                    .cloned()
                     .collect();
                 if !candidates.is_empty() {
                     let mut pipe = redis::pipe();
@@ -303,7 +308,7 @@ impl RedisStore {
                     }
                     if !stale.is_empty() {
                         // Expired or forgotten: drop it from the index (best effort).
-                        let _: Result<i64, _> = self
+                        let dropped: Result<i64, _> = self
                             .bounded(
                                 redis::cmd("ZREM")
                                     .arg(&index)
@@ -311,7 +316,22 @@ impl RedisStore {
                                     .query_async(&mut conn),
                             )
                             .await;
+                        if dropped.is_ok() {
+                            removed.extend(stale);
+                        }
                     }
+                }
+                if let Some(last) = last {
+                    let kept_at_last = members
+                        .iter()
+                        .filter(|(k, score)| *score == last && !removed.contains(k))
+                        .count();
+                    let last = last.to_string();
+                    if last != max {
+                        max = last;
+                        offset = 0;
+                    }
+                    offset += kept_at_last;
                 }
                 if found > limit || n < BATCH {
                     break;
