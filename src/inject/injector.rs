@@ -23,11 +23,12 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use super::SidecarOptions;
 use super::review::{Reviewed, review};
-use crate::conn::Lifetime;
+use crate::conn::{FirstBytes, Lifetime};
 
 /// The largest AdmissionReview accepted: the API server's own limit on a request's
 /// body, so no pod it accepted is refused here.
@@ -49,7 +50,8 @@ const LIFETIME: Lifetime = Lifetime {
 };
 /// How often the certificate files are compared with what is served.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
-/// A client gets this long for its TLS handshake, then for a request's head.
+/// A client gets this long from connecting to complete its TLS handshake and begin its
+/// first request, then this long again for the request's head.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections get this long to finish their requests and close after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -244,6 +246,9 @@ struct Connection {
 
 /// TLS, then HTTP until the client closes, the connection idles or reaches its age
 /// limit, or the injector stops (see `LIFETIME`; the last three close it gracefully).
+/// A client that has not begun a request `HANDSHAKE_TIMEOUT` after connecting (its
+/// handshake unfinished, or nothing sent after it) is closed: it would hold its slot
+/// until the idle limit.
 async fn serve(c: Connection) {
     let Connection {
         stream,
@@ -252,8 +257,9 @@ async fn serve(c: Connection) {
         builder,
         mut stopping,
     } = c;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let tls = tokio::select! {
-        tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match tls {
+        tls = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => match tls {
             Ok(Ok(tls)) => tls,
             _ => return,
         },
@@ -271,6 +277,7 @@ async fn serve(c: Connection) {
     let stop = async move {
         let _ = stopping.wait_for(|s| *s).await;
     };
+    let tls = FirstBytes::new(tls, deadline);
     crate::conn::serve(&builder, TokioIo::new(tls), svc, LIFETIME, stop).await;
 }
 

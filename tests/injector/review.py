@@ -10,11 +10,15 @@ usage: review.py URL CA_PEM BODY_FILE       POST BODY_FILE to URL
        review.py URL CA_PEM --stall         declare 100 bytes, send 10, wait for the answer
        review.py URL CA_PEM --idle N        connect, send nothing; report when the server
                                             closes the connection (up to N seconds)
+       review.py URL CA_PEM --silent K N    open K connections (handshakes done, "open" on
+                                            stderr), send nothing; report how many the
+                                            server closed within N seconds, and when
 
 Output: {"status", "body" (parsed JSON, else text), "patch", "patched", "invalid"}.
 """
 import base64
 import json
+import select
 import socket
 import ssl
 import sys
@@ -100,11 +104,36 @@ def idle(url, ca, seconds):
     return {"closed_after": time.monotonic() - start if closed else None}
 
 
+def silent(url, ca, count, seconds):
+    socks = [connect(url, ca)[0] for _ in range(count)]
+    for s in socks:
+        s.setblocking(False)
+    print("open", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    last = None
+    while socks and time.monotonic() - start < seconds:
+        readable, _, _ = select.select(socks, [], [], seconds - (time.monotonic() - start))
+        for s in readable:
+            try:
+                closed = s.recv(1) == b""
+            except ssl.SSLWantReadError:
+                closed = False  # a TLS record that is not data (a session ticket)
+            except (ConnectionResetError, ssl.SSLError):
+                closed = True
+            if closed:
+                socks.remove(s)
+                last = time.monotonic() - start
+    return {"closed": count - len(socks), "last_closed_after": last}
+
+
 def main():
     url, ca, what = sys.argv[1], sys.argv[2], sys.argv[3]
     body = None
     if what == "--idle":
         json.dump(idle(url, ca, float(sys.argv[4])), sys.stdout)
+        return
+    if what == "--silent":
+        json.dump(silent(url, ca, int(sys.argv[4]), float(sys.argv[5])), sys.stdout)
         return
     if what == "--stall":
         s, u = connect(url, ca)

@@ -5,8 +5,9 @@
 //! pod. The client and the certificates are Python's (tests/injector/); the harness is
 //! tests/it/common/injector.rs.
 
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -338,6 +339,63 @@ fn connections_beyond_128_are_closed() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Runs review.py with `args` in the background, once it has printed `ready` on stderr.
+fn spawn_ready(injector: &Injector, path: &str, args: &[&str], ready: &str) -> Child {
+    let mut child = Command::new("python3")
+        .arg(script("review.py"))
+        .arg(format!("https://127.0.0.1:{}{path}", injector.port))
+        .arg(injector.ca())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run review.py");
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().expect("stderr"))
+        .read_line(&mut line)
+        .expect("review.py's stderr");
+    assert_eq!(line.trim(), ready, "review.py {args:?}");
+    child
+}
+
+#[test]
+fn connections_that_never_send_a_request_are_closed_within_10_s() {
+    let injector = Injector::start(&[]);
+    // Every slot held: 8 connections that never start their TLS handshake, 120 that
+    // complete it and send nothing.
+    let bare: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(("127.0.0.1", injector.port)).unwrap())
+        .collect();
+    let silent = spawn_ready(&injector, "/mutate", &["--silent", "120", "15"], "open");
+    let refused = injector.call("/healthz", &injector.ca(), &["--get"]);
+    assert!(refused.is_err(), "a slot was free: {refused:?}");
+    let out: Value = serde_json::from_slice(&silent.wait_with_output().unwrap().stdout).unwrap();
+    assert_eq!(
+        out["closed"], 120,
+        "silent TLS connections still open after 15 s: {out}"
+    );
+    let after = out["last_closed_after"].as_f64().unwrap();
+    assert!(
+        after < 11.0,
+        "the last silent connection closed after {after:.1} s"
+    );
+    for mut s in bare {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        let closed = match s.read(&mut buf) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(
+            closed,
+            "a connection that never started its handshake is still open"
+        );
+    }
+    let result = injector.review(&admission("after", &plain_pod()));
+    assert_eq!(response(&result)["uid"], "after", "{result}");
 }
 
 #[test]
