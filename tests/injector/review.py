@@ -7,14 +7,16 @@ usage: review.py URL CA_PEM BODY_FILE       POST BODY_FILE to URL
        review.py URL CA_PEM --get           GET URL
        review.py URL CA_PEM --length N      send only a head declaring N bytes
        review.py URL CA_PEM --chunked N     send N bytes, chunked, no Content-Length
-       review.py URL CA_PEM --stall         declare 100 bytes, send 10, wait for the answer
+       review.py URL CA_PEM --stall         declare 100 bytes, send 10 ("sent" on stderr),
+                                            wait for the answer
        review.py URL CA_PEM --idle N        connect, send nothing; report when the server
                                             closes the connection (up to N seconds)
        review.py URL CA_PEM --silent K N    open K connections (handshakes done, "open" on
                                             stderr), send nothing; report how many the
                                             server closed within N seconds, and when
 
-Output: {"status", "body" (parsed JSON, else text), "patch", "patched", "invalid"}.
+Output: {"status", "body" (parsed JSON, else text), "patch", "patched", "invalid",
+"elapsed" (seconds from connecting to the whole answer)}.
 """
 import base64
 import json
@@ -139,6 +141,7 @@ def main():
         s, u = connect(url, ca)
         start = time.monotonic()
         s.sendall(f"POST {u.path} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Length: 100\r\n\r\n".encode() + b"{" * 10)
+        print("sent", file=sys.stderr, flush=True)
         status, raw = read_response(s)
         json.dump({"status": status, "after": time.monotonic() - start}, sys.stdout)
         return
@@ -151,8 +154,12 @@ def main():
     else:
         with open(what, "rb") as f:
             body = f.read()
+        start = time.monotonic()
         status, raw = send(url, ca, body=body)
+        elapsed = time.monotonic() - start
     out = {"status": status, "body": None, "patch": None, "patched": None, "invalid": None}
+    if body is not None:
+        out["elapsed"] = elapsed
     try:
         out["body"] = json.loads(raw)
     except ValueError:

@@ -294,24 +294,45 @@ fn crafted_reviews_at_the_body_limit_stay_far_below_the_memory_limit() {
         .map(|i| (format!("k{i}"), json!("")))
         .collect::<serde_json::Map<_, _>>()
         .into();
-    for (what, pod) in [
+    let bodies: Vec<(&str, Vec<u8>)> = [
         ("ignored", ignored),
         ("containers", containers),
         ("ports", ports),
         ("labels", labels),
-    ] {
-        let body = serde_json::to_vec(&admission(what, &pod)).unwrap();
+    ]
+    .into_iter()
+    .map(|(what, pod)| (what, serde_json::to_vec(&admission(what, &pod)).unwrap()))
+    .collect();
+    for (what, body) in &bodies {
         assert!(
             body.len() <= 3 * 1024 * 1024,
             "{what}: {} bytes",
             body.len()
         );
-        let result = injector.post(&body);
-        assert_eq!(response(&result)["uid"], what, "{result}");
+        let result = injector.post(body);
+        assert_eq!(response(&result)["uid"], *what, "{result}");
     }
     let peak = peak_kib(&injector);
     // The Deployment's limit is 96Mi; the docs say it peaks near 35 MiB.
     assert!(peak < 48 * 1024, "peak resident memory {peak} KiB");
+    // All at once: their bodies are read together (12 MiB may be held), two are
+    // reviewed at a time.
+    let injector = &injector;
+    std::thread::scope(|s| {
+        let calls: Vec<_> = bodies
+            .iter()
+            .map(|(what, body)| s.spawn(move || (*what, injector.post(body))))
+            .collect();
+        for call in calls {
+            let (what, result) = call.join().unwrap();
+            assert_eq!(response(&result)["uid"], what, "{result}");
+        }
+    });
+    let peak = peak_kib(injector);
+    assert!(
+        peak < 72 * 1024,
+        "peak resident memory, all at once: {peak} KiB"
+    );
 }
 
 #[test]
@@ -358,6 +379,28 @@ fn spawn_ready(injector: &Injector, path: &str, args: &[&str], ready: &str) -> C
         .expect("review.py's stderr");
     assert_eq!(line.trim(), ready, "review.py {args:?}");
     child
+}
+
+#[test]
+fn a_review_is_not_held_up_by_two_slow_senders() {
+    let injector = Injector::start(&[]);
+    // Two clients that sent a head and part of a body, then nothing: each holds its
+    // request for the whole 10 s.
+    let mut slow: Vec<Child> = (0..2)
+        .map(|_| spawn_ready(&injector, "/mutate", &["--stall"], "sent"))
+        .collect();
+    let result = injector.review(&admission("fast", &plain_pod()));
+    assert_eq!(response(&result)["uid"], "fast", "{result}");
+    // The webhook's timeoutSeconds is 5: past it, the pod is admitted without the sidecar.
+    let elapsed = result["elapsed"].as_f64().unwrap();
+    assert!(
+        elapsed < 2.0,
+        "a review behind two slow senders took {elapsed:.1} s"
+    );
+    for child in &mut slow {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 #[test]
