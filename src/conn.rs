@@ -15,6 +15,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::time::Instant;
 
+mod first_bytes;
+pub use first_bytes::FirstBytes;
+
 /// How long a connection may live, idle and take to close.
 #[derive(Debug, Clone, Copy)]
 pub struct Lifetime {

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -22,19 +22,31 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use super::SidecarOptions;
 use super::review::{Reviewed, review};
-use crate::conn::Lifetime;
+use crate::conn::{FirstBytes, Lifetime};
 
 /// The largest AdmissionReview accepted: the API server's own limit on a request's
 /// body, so no pod it accepted is refused here.
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
-/// Reviews parsed at once: with the body limit, what bounds the injector's memory
-/// (see the Deployment's limit in k8s/injector/base/deployment.yaml).
+/// Reviews parsed at once, their bodies read whole: with the body budget, what bounds
+/// the injector's memory (see the Deployment's limit in
+/// k8s/injector/base/deployment.yaml).
 const MAX_REVIEWS: usize = 2;
+/// The bytes of the bodies being read or reviewed, all requests together: four bodies
+/// at the limit (a real pod's is far smaller: etcd keeps objects under 1.5 MiB). A
+/// body's bytes are taken as they arrive, so a slow sender holds what it sent, not a
+/// slot: a review is held up only by clients that sent this much in all and stopped.
+/// Bodies beyond it wait for bytes to be given back (within their 10 s).
+const BODY_BUDGET: usize = 4 * MAX_BODY;
+/// A connection's HTTP/1 read buffer, so its body's pieces: what a request waiting for
+/// `BODY_BUDGET` holds beyond it. Also the largest request head (an API server's is
+/// well under 1 KiB).
+const MAX_READ_BUFFER: usize = 64 * 1024;
 /// A request's whole time: reading its body (a slow sender), waiting for a review
 /// slot, the review itself.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,7 +61,8 @@ const LIFETIME: Lifetime = Lifetime {
 };
 /// How often the certificate files are compared with what is served.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
-/// A client gets this long for its TLS handshake, then for a request's head.
+/// A client gets this long from connecting to complete its TLS handshake and begin its
+/// first request, then this long again for the request's head.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections get this long to finish their requests and close after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -177,12 +190,14 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
     let reviewer = Arc::new(Reviewer {
         defaults: args.sidecar,
         reviews: Semaphore::new(MAX_REVIEWS),
+        bodies: Semaphore::new(BODY_BUDGET),
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT);
+        .header_read_timeout(HANDSHAKE_TIMEOUT)
+        .max_buf_size(MAX_READ_BUFFER);
     LIFETIME.configure(&mut builder);
     let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -227,10 +242,12 @@ pub async fn run(args: InjectorArgs, shutdown: impl Future<Output = ()>) -> Resu
     Ok(())
 }
 
-/// What every request needs: the sidecar's defaults and the bound on reviews at once.
+/// What every request needs: the sidecar's defaults and the bounds on reviews at once
+/// and on the bytes of their bodies.
 struct Reviewer {
     defaults: SidecarOptions,
     reviews: Semaphore,
+    bodies: Semaphore,
 }
 
 /// One accepted TCP connection and what serving it takes.
@@ -244,6 +261,9 @@ struct Connection {
 
 /// TLS, then HTTP until the client closes, the connection idles or reaches its age
 /// limit, or the injector stops (see `LIFETIME`; the last three close it gracefully).
+/// A client that has not begun a request `HANDSHAKE_TIMEOUT` after connecting (its
+/// handshake unfinished, or nothing sent after it) is closed: it would hold its slot
+/// until the idle limit.
 async fn serve(c: Connection) {
     let Connection {
         stream,
@@ -252,8 +272,9 @@ async fn serve(c: Connection) {
         builder,
         mut stopping,
     } = c;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let tls = tokio::select! {
-        tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match tls {
+        tls = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => match tls {
             Ok(Ok(tls)) => tls,
             _ => return,
         },
@@ -271,6 +292,7 @@ async fn serve(c: Connection) {
     let stop = async move {
         let _ = stopping.wait_for(|s| *s).await;
     };
+    let tls = FirstBytes::new(tls, deadline);
     crate::conn::serve(&builder, TokioIo::new(tls), svc, LIFETIME, stop).await;
 }
 
@@ -292,28 +314,17 @@ async fn handle(req: Request<Incoming>, reviewer: &Reviewer) -> Response<Full<By
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return too_large();
     }
-    // The permit bounds the memory of reviews at once: the body, and its parsed copies.
-    let Ok(_permit) = reviewer.reviews.acquire().await else {
-        return plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n");
+    let (body, held) = match read_body(req.into_body(), &reviewer.bodies).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return too_large();
-        }
-        Err(e) => {
-            tracing::debug!("injector: reading a request: {e}");
-            return plain(
-                StatusCode::BAD_REQUEST,
-                "the request body could not be read\n",
-            );
-        }
+    // Taken once the body is in, so that slow senders hold no review slot: the permit
+    // bounds the memory of the bodies' parsed copies.
+    let Ok(_permit) = reviewer.reviews.acquire().await else {
+        return stopping();
     };
     let Reviewed { answer, notes } = review(&body, &reviewer.defaults);
-    drop(body);
+    drop((body, held));
     for note in notes {
         tracing::info!(uid = %answer["response"]["uid"], "injector: {note}");
     }
@@ -330,6 +341,39 @@ async fn handle(req: Request<Incoming>, reviewer: &Reviewer) -> Response<Full<By
         header::HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// A request's body, read whole; its bytes are taken from `budget` as they arrive and
+/// given back when the returned permit drops.
+async fn read_body(
+    mut body: Incoming,
+    budget: &Semaphore,
+) -> Result<(Bytes, SemaphorePermit<'_>), Response<Full<Bytes>>> {
+    let mut held = budget.acquire_many(0).await.map_err(|_| stopping())?;
+    let mut bytes = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            tracing::debug!("injector: reading a request: {e}");
+            plain(
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read\n",
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        let n = u32::try_from(data.len()).map_err(|_| too_large())?;
+        if bytes.len() + data.len() > MAX_BODY {
+            return Err(too_large());
+        }
+        held.merge(budget.acquire_many(n).await.map_err(|_| stopping())?);
+        bytes.extend_from_slice(&data);
+    }
+    Ok((bytes.freeze(), held))
+}
+
+fn stopping() -> Response<Full<Bytes>> {
+    plain(StatusCode::SERVICE_UNAVAILABLE, "stopping\n")
 }
 
 fn too_large() -> Response<Full<Bytes>> {

@@ -7,14 +7,20 @@ usage: review.py URL CA_PEM BODY_FILE       POST BODY_FILE to URL
        review.py URL CA_PEM --get           GET URL
        review.py URL CA_PEM --length N      send only a head declaring N bytes
        review.py URL CA_PEM --chunked N     send N bytes, chunked, no Content-Length
-       review.py URL CA_PEM --stall         declare 100 bytes, send 10, wait for the answer
+       review.py URL CA_PEM --stall         declare 100 bytes, send 10 ("sent" on stderr),
+                                            wait for the answer
        review.py URL CA_PEM --idle N        connect, send nothing; report when the server
                                             closes the connection (up to N seconds)
+       review.py URL CA_PEM --silent K N    open K connections (handshakes done, "open" on
+                                            stderr), send nothing; report how many the
+                                            server closed within N seconds, and when
 
-Output: {"status", "body" (parsed JSON, else text), "patch", "patched", "invalid"}.
+Output: {"status", "body" (parsed JSON, else text), "patch", "patched", "invalid",
+"elapsed" (seconds from connecting to the whole answer)}.
 """
 import base64
 import json
+import select
 import socket
 import ssl
 import sys
@@ -100,16 +106,42 @@ def idle(url, ca, seconds):
     return {"closed_after": time.monotonic() - start if closed else None}
 
 
+def silent(url, ca, count, seconds):
+    socks = [connect(url, ca)[0] for _ in range(count)]
+    for s in socks:
+        s.setblocking(False)
+    print("open", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    last = None
+    while socks and time.monotonic() - start < seconds:
+        readable, _, _ = select.select(socks, [], [], seconds - (time.monotonic() - start))
+        for s in readable:
+            try:
+                closed = s.recv(1) == b""
+            except ssl.SSLWantReadError:
+                closed = False  # a TLS record that is not data (a session ticket)
+            except (ConnectionResetError, ssl.SSLError):
+                closed = True
+            if closed:
+                socks.remove(s)
+                last = time.monotonic() - start
+    return {"closed": count - len(socks), "last_closed_after": last}
+
+
 def main():
     url, ca, what = sys.argv[1], sys.argv[2], sys.argv[3]
     body = None
     if what == "--idle":
         json.dump(idle(url, ca, float(sys.argv[4])), sys.stdout)
         return
+    if what == "--silent":
+        json.dump(silent(url, ca, int(sys.argv[4]), float(sys.argv[5])), sys.stdout)
+        return
     if what == "--stall":
         s, u = connect(url, ca)
         start = time.monotonic()
         s.sendall(f"POST {u.path} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Length: 100\r\n\r\n".encode() + b"{" * 10)
+        print("sent", file=sys.stderr, flush=True)
         status, raw = read_response(s)
         json.dump({"status": status, "after": time.monotonic() - start}, sys.stdout)
         return
@@ -122,8 +154,12 @@ def main():
     else:
         with open(what, "rb") as f:
             body = f.read()
+        start = time.monotonic()
         status, raw = send(url, ca, body=body)
+        elapsed = time.monotonic() - start
     out = {"status": status, "body": None, "patch": None, "patched": None, "invalid": None}
+    if body is not None:
+        out["elapsed"] = elapsed
     try:
         out["body"] = json.loads(raw)
     except ValueError:

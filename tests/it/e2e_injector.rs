@@ -5,8 +5,9 @@
 //! pod. The client and the certificates are Python's (tests/injector/); the harness is
 //! tests/it/common/injector.rs.
 
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -293,24 +294,45 @@ fn crafted_reviews_at_the_body_limit_stay_far_below_the_memory_limit() {
         .map(|i| (format!("k{i}"), json!("")))
         .collect::<serde_json::Map<_, _>>()
         .into();
-    for (what, pod) in [
+    let bodies: Vec<(&str, Vec<u8>)> = [
         ("ignored", ignored),
         ("containers", containers),
         ("ports", ports),
         ("labels", labels),
-    ] {
-        let body = serde_json::to_vec(&admission(what, &pod)).unwrap();
+    ]
+    .into_iter()
+    .map(|(what, pod)| (what, serde_json::to_vec(&admission(what, &pod)).unwrap()))
+    .collect();
+    for (what, body) in &bodies {
         assert!(
             body.len() <= 3 * 1024 * 1024,
             "{what}: {} bytes",
             body.len()
         );
-        let result = injector.post(&body);
-        assert_eq!(response(&result)["uid"], what, "{result}");
+        let result = injector.post(body);
+        assert_eq!(response(&result)["uid"], *what, "{result}");
     }
     let peak = peak_kib(&injector);
     // The Deployment's limit is 96Mi; the docs say it peaks near 35 MiB.
     assert!(peak < 48 * 1024, "peak resident memory {peak} KiB");
+    // All at once: their bodies are read together (12 MiB may be held), two are
+    // reviewed at a time.
+    let injector = &injector;
+    std::thread::scope(|s| {
+        let calls: Vec<_> = bodies
+            .iter()
+            .map(|(what, body)| s.spawn(move || (*what, injector.post(body))))
+            .collect();
+        for call in calls {
+            let (what, result) = call.join().unwrap();
+            assert_eq!(response(&result)["uid"], what, "{result}");
+        }
+    });
+    let peak = peak_kib(injector);
+    assert!(
+        peak < 72 * 1024,
+        "peak resident memory, all at once: {peak} KiB"
+    );
 }
 
 #[test]
@@ -338,6 +360,85 @@ fn connections_beyond_128_are_closed() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Runs review.py with `args` in the background, once it has printed `ready` on stderr.
+fn spawn_ready(injector: &Injector, path: &str, args: &[&str], ready: &str) -> Child {
+    let mut child = Command::new("python3")
+        .arg(script("review.py"))
+        .arg(format!("https://127.0.0.1:{}{path}", injector.port))
+        .arg(injector.ca())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run review.py");
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().expect("stderr"))
+        .read_line(&mut line)
+        .expect("review.py's stderr");
+    assert_eq!(line.trim(), ready, "review.py {args:?}");
+    child
+}
+
+#[test]
+fn a_review_is_not_held_up_by_two_slow_senders() {
+    let injector = Injector::start(&[]);
+    // Two clients that sent a head and part of a body, then nothing: each holds its
+    // request for the whole 10 s.
+    let mut slow: Vec<Child> = (0..2)
+        .map(|_| spawn_ready(&injector, "/mutate", &["--stall"], "sent"))
+        .collect();
+    let result = injector.review(&admission("fast", &plain_pod()));
+    assert_eq!(response(&result)["uid"], "fast", "{result}");
+    // The webhook's timeoutSeconds is 5: past it, the pod is admitted without the sidecar.
+    let elapsed = result["elapsed"].as_f64().unwrap();
+    assert!(
+        elapsed < 2.0,
+        "a review behind two slow senders took {elapsed:.1} s"
+    );
+    for child in &mut slow {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+#[test]
+fn connections_that_never_send_a_request_are_closed_within_10_s() {
+    let injector = Injector::start(&[]);
+    // Every slot held: 8 connections that never start their TLS handshake, 120 that
+    // complete it and send nothing.
+    let bare: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(("127.0.0.1", injector.port)).unwrap())
+        .collect();
+    let silent = spawn_ready(&injector, "/mutate", &["--silent", "120", "15"], "open");
+    let refused = injector.call("/healthz", &injector.ca(), &["--get"]);
+    assert!(refused.is_err(), "a slot was free: {refused:?}");
+    let out: Value = serde_json::from_slice(&silent.wait_with_output().unwrap().stdout).unwrap();
+    assert_eq!(
+        out["closed"], 120,
+        "silent TLS connections still open after 15 s: {out}"
+    );
+    let after = out["last_closed_after"].as_f64().unwrap();
+    assert!(
+        after < 11.0,
+        "the last silent connection closed after {after:.1} s"
+    );
+    for mut s in bare {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        let closed = match s.read(&mut buf) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(
+            closed,
+            "a connection that never started its handshake is still open"
+        );
+    }
+    let result = injector.review(&admission("after", &plain_pod()));
+    assert_eq!(response(&result)["uid"], "after", "{result}");
 }
 
 #[test]
