@@ -36,7 +36,7 @@ impl RedisStore {
             let key = key.clone();
             tokio::spawn(async move {
                 if let Err(e) = store.release(&key, token, None).await {
-                    tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
+                    tracing::warn!(key = key.logged(), error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
                 }
             });
             return Err(e);
