@@ -576,8 +576,8 @@ impl<S: Store> Gate<S> {
             || self.timed(StoreOp::Renew, self.store.renew(key, token)),
             trace::forward(&self.upstream, self.outgoing(parts, body, &pq, upstream_key)),
             |event| match event {
-                LeaseEvent::Lost => tracing::warn!(route = &*route.name, key = %key.key, "lease lost while the upstream call ran"),
-                LeaseEvent::Failed(e) => tracing::warn!(route = &*route.name, key = %key.key, error = %e, "lease renewal failed"),
+                LeaseEvent::Lost => tracing::warn!(route = &*route.name, key = key.logged(), "lease lost while the upstream call ran"),
+                LeaseEvent::Failed(e) => tracing::warn!(route = &*route.name, key = key.logged(), error = %e, "lease renewal failed"),
             },
         )
         .await;
@@ -623,12 +623,12 @@ impl<S: Store> Gate<S> {
                     )
                     .await
                 {
-                    tracing::warn!(route = &*route.name, key = %key.key, error = %e, "release failed; the key frees at lease expiry");
+                    tracing::warn!(route = &*route.name, key = key.logged(), error = %e, "release failed; the key frees at lease expiry");
                 }
                 match other {
                     Ok(resp) => (Outcome::UpstreamError, upstream_answer(resp)),
                     Err(e) => {
-                        tracing::warn!(route = &*route.name, key = %key.key, error = %e, "upstream call failed");
+                        tracing::warn!(route = &*route.name, key = key.logged(), error = %e, "upstream call failed");
                         let r = upstream_error_answer(&e);
                         (r.outcome, error_answer(&r))
                     }

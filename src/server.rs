@@ -103,17 +103,8 @@ pub async fn run(
                 .serve(shutdown)
                 .await
         }
-        StoreUrl::Redis(url) => {
-            let store = RedisStore::new(
-                url,
-                &config.store.key_prefix,
-                lifetimes,
-                config.store.timeout,
-            )?
-            .with_replica_acks(
-                config.store.min_replicas_ack,
-                config.store.replicas_ack_timeout,
-            );
+        StoreUrl::Redis(_) => {
+            let store = RedisStore::from_config(&config)?;
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let queue = Arc::new(crate::store::RedisQueue::new(store.clone()));

@@ -20,6 +20,8 @@ mod raw;
 mod redact;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_redact;
 pub mod topology;
 mod tracing;
 mod validate;
@@ -157,10 +159,20 @@ pub struct OperatorToken {
 /// The shortest `admin_token` accepted: a guessable token would open the operator API.
 pub const OPERATOR_TOKEN_MIN_LEN: usize = 16;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     Memory,
     Redis(String),
+}
+
+impl std::fmt::Debug for StoreUrl {
+    // Never prints a password (the configuration's Debug goes through here).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("Memory"),
+            StoreUrl::Redis(u) => f.debug_tuple("Redis").field(&redact_url(u)).finish(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -293,7 +305,8 @@ impl Config {
             let field = e
                 .span()
                 .and_then(|s| text.get(s))
-                .map(|s| s.trim().to_string())
+                // The span may be a store URL given the wrong type: never its password.
+                .map(|s| redact_url(s.trim()))
                 .filter(|s| !s.is_empty() && s.len() < 80)
                 .unwrap_or_else(|| "config".to_string());
             ConfigError::new(field, msg)

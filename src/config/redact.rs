@@ -175,37 +175,58 @@ impl Config {
     }
 }
 
-/// Hides a password in a Redis URL (`redis://user:pw@host` → `redis://user:***@host`),
-/// including a Sentinel URL's `sentinel_password=` option.
-pub fn redact_url(url: &str) -> String {
-    match url.split_once('?') {
-        Some((base, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.contains("password") => format!("{k}=***"),
-                    _ => kv.to_string(),
-                })
-                .collect();
-            format!("{}?{}", redact_authority(base), query.join("&"))
-        }
-        None => redact_authority(url),
-    }
-}
+/// The query options of a Redis URL that are shown (with their `=`): any other text
+/// after a password option is taken for more of the password.
+const PLAIN_OPTIONS: &[&str] = &["sentinel_username=", "db=", "protocol=", "user="];
 
-fn redact_authority(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..])
-        }
-        None => url.to_string(),
+/// Hides the passwords in a Redis URL (`redis://user:pw@host` → `redis://user:***@host`),
+/// including query options such as a Sentinel URL's `sentinel_password=` or a Unix
+/// socket URL's `pass=`. The userinfo is found before anything is split on `/`, `?` or
+/// `#` (from the scheme to the last `@`), so a password holding them unencoded, as
+/// generated ones do, is hidden whole too, in a URL that is refused as in one accepted.
+/// Where the text is ambiguous, more is hidden, never less.
+pub fn redact_url(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let mut hidden: Vec<(usize, usize)> = Vec::new();
+    // The password: from the userinfo's first `:` to the last `@`.
+    let rest = &url[start..];
+    if let Some(at) = rest.rfind('@')
+        && let Some(colon) = rest[..at].find(':')
+    {
+        hidden.push((start + colon + 1, start + at));
     }
+    // Query options naming a password: the value up to the next option known not to
+    // be secret (an `&` inside the password does not end it).
+    for (i, c) in url.char_indices() {
+        if c != '?' && c != '&' {
+            continue;
+        }
+        let option = &url[i + 1..];
+        let name_end = option.find(['&', '=']).unwrap_or(option.len());
+        let name = &option[..name_end];
+        if option[name_end..].starts_with('=') && name.to_ascii_lowercase().contains("pass") {
+            let value = name_end + 1;
+            let end = option[value..]
+                .match_indices('&')
+                .map(|(j, _)| value + j)
+                .find(|&j| PLAIN_OPTIONS.iter().any(|o| option[j + 1..].starts_with(o)))
+                .unwrap_or(option.len());
+            hidden.push((i + 1 + value, i + 1 + end));
+        }
+    }
+    let secret = |i: usize| hidden.iter().any(|&(a, b)| a <= i && i < b);
+    let mut out = String::with_capacity(url.len());
+    let mut in_secret = false;
+    for (i, c) in url.char_indices() {
+        if secret(i) {
+            if !in_secret {
+                out.push_str("***");
+            }
+            in_secret = true;
+        } else {
+            in_secret = false;
+            out.push(c);
+        }
+    }
+    out
 }

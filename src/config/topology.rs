@@ -55,8 +55,13 @@ impl std::fmt::Debug for Topology {
 }
 
 impl Topology {
-    /// Parses a Redis `store.url`; the error is a sentence for the configuration error.
+    /// Parses a Redis `store.url`; the error is a sentence for the configuration error,
+    /// which never repeats a piece of the URL (a node, an option, a path): with a
+    /// password holding `/` or `?` unencoded, any piece may be part of the password.
     pub fn parse(url: &str) -> Result<Topology, String> {
+        if let Some(e) = at_after_the_host(url) {
+            return Err(e);
+        }
         if let Some(rest) = url.strip_prefix("redis+cluster://") {
             return parse_cluster("redis", rest);
         }
@@ -87,6 +92,31 @@ impl Topology {
             Topology::Sentinel(_) => "sentinel",
         }
     }
+}
+
+/// The hint for a user or password holding `/`, `?` or `#` unencoded.
+const ENCODE: &str =
+    "percent-encode `/`, `?`, `#` and `@` in a user or password (%2F, %3F, %23, %40)";
+
+/// Refuses a URL with an `@` after its host: a password holding `/`, `?` or `#`
+/// unencoded, which would otherwise be read as a host, a path or options (the port,
+/// the master name: a piece of the password in logs). Only the Sentinel options and a
+/// Unix socket's options may hold an `@`.
+fn at_after_the_host(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if matches!(scheme, "redis+unix" | "unix") {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#'])?;
+    let after = &rest[end..];
+    let checked = if scheme == "redis+sentinel" {
+        after.split('?').next().unwrap_or("")
+    } else {
+        after
+    };
+    checked
+        .contains('@')
+        .then(|| format!("has an `@` after the host: {ENCODE}"))
 }
 
 /// Splits `user:pw@hosts` into the (still percent-encoded) userinfo and the hosts.
@@ -121,17 +151,19 @@ fn credentials(userinfo: Option<&str>) -> Result<(Option<String>, Option<String>
 /// `host:port,host:port` → the list; every entry needs an explicit port.
 fn host_ports(hosts: &str) -> Result<Vec<(String, u16)>, String> {
     let mut out = Vec::new();
-    for h in hosts.split(',') {
+    for (i, h) in hosts.split(',').enumerate() {
+        // Named by position, not text: see `Topology::parse`.
+        let n = i + 1;
         let h = h.trim();
         let (host, port) = h
             .rsplit_once(':')
-            .ok_or_else(|| format!("node `{h}` needs host:port"))?;
+            .ok_or_else(|| format!("node {n} of the list needs host:port"))?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let port: u16 = port
             .parse()
-            .map_err(|_| format!("node `{h}` has no valid port"))?;
+            .map_err(|_| format!("node {n} of the list has no valid port"))?;
         if host.is_empty() || port == 0 {
-            return Err(format!("node `{h}` needs host:port"));
+            return Err(format!("node {n} of the list needs host:port"));
         }
         out.push((host.to_string(), port));
     }
@@ -192,7 +224,7 @@ fn parse_sentinel(rest: &str) -> Result<SentinelTarget, String> {
             .parse::<i64>()
             .ok()
             .filter(|d| *d >= 0)
-            .ok_or_else(|| format!("database `{d}` is not a number"))?,
+            .ok_or("the database after the master name is not a number")?,
         None => 0,
     };
     if parts.next().is_some() {
@@ -202,19 +234,22 @@ fn parse_sentinel(rest: &str) -> Result<SentinelTarget, String> {
     let mut sentinel_password = None;
     // Percent-decoded like the user and password before the `@`, not as a form: a `+`
     // (common in generated base64 passwords) stays a `+`.
-    for kv in query
+    for (i, kv) in query
         .into_iter()
         .flat_map(|q| q.split('&'))
         .filter(|kv| !kv.is_empty())
+        .enumerate()
     {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         let v = decode(v)?;
         match &*decode(k)? {
             "sentinel_username" => sentinel_username = Some(v),
             "sentinel_password" => sentinel_password = Some(v),
-            other => {
+            // Named by position, not text: see `Topology::parse`.
+            _ => {
                 return Err(format!(
-                    "has an unknown option `{other}` (known: sentinel_username, sentinel_password)"
+                    "has an unknown option (option {}; known: sentinel_username, sentinel_password)",
+                    i + 1
                 ));
             }
         }

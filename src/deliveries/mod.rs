@@ -104,8 +104,8 @@ pub async fn replay<S: Store>(
         traceparent: None,
     });
     let result = lease::renewing(lease, || store.renew(key, token), call, |event| match event {
-        LeaseEvent::Lost => tracing::warn!(route = &*key.route, key = %key.key, "lease lost while a replay ran"),
-        LeaseEvent::Failed(e) => tracing::warn!(route = &*key.route, key = %key.key, error = %e, "lease renewal failed while a replay ran"),
+        LeaseEvent::Lost => tracing::warn!(route = &*key.route, key = key.logged(), "lease lost while a replay ran"),
+        LeaseEvent::Failed(e) => tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "lease renewal failed while a replay ran"),
     })
     .await;
     let latency_ms = started.elapsed().as_millis() as u64;
@@ -142,7 +142,7 @@ pub async fn replay<S: Store>(
                 restore_completed: was_completed,
             };
             if let Err(e) = store.release(key, token, Some(&settled)).await {
-                tracing::warn!(route = &*key.route, key = %key.key, error = %e, "releasing after a failed replay failed; the key frees at lease expiry");
+                tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "releasing after a failed replay failed; the key frees at lease expiry");
             }
             Ok(Replayed {
                 status,

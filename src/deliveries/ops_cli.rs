@@ -15,7 +15,7 @@ use crate::deliveries::jobs::{self, JobError, JobRequest, Planning, job_json};
 use crate::store::jobs::Jobs;
 use crate::store::pacing::Pacing;
 use crate::store::queue::QueueBackend;
-use crate::store::{Lifetimes, RedisQueue, RedisStore, unix_millis};
+use crate::store::{RedisQueue, RedisStore, unix_millis};
 
 #[derive(clap::Args, Debug)]
 pub struct RoutesArgs {
@@ -108,12 +108,12 @@ where
         Ok((c, _routes)) => c,
         Err(e) => return fail(cmd, format!("invalid configuration: {e}")),
     };
-    let StoreUrl::Redis(url) = &config.store.url else {
+    if config.store.url == StoreUrl::Memory {
         return fail(
             cmd,
             "the store is the in-memory store: it lives inside one sidecar, with nothing shared to read or change from here (use that sidecar's admin API, or configure [store] url = \"redis://…\")",
         );
-    };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,15 +123,7 @@ where
     };
     runtime.block_on(async {
         // The connection is prepared inside the runtime (it spawns its driver there).
-        let store = match RedisStore::new(
-            url,
-            &config.store.key_prefix,
-            Lifetimes {
-                lease: config.dedup.lease,
-                retention: config.dedup.retention,
-            },
-            config.store.timeout,
-        ) {
+        let store = match RedisStore::from_config(&config) {
             Ok(s) => s,
             Err(e) => return fail(cmd, e),
         };

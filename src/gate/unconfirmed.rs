@@ -76,22 +76,22 @@ impl<S: Store> Gate<S> {
                 ),
             )
             .await;
-        let (route, key) = (&*c.route.name, &c.key.key);
+        let (route, key) = (&*c.route.name, c.key.logged());
         let why = |e: &Option<StoreError>| {
             e.as_ref()
                 .map_or_else(|| "claim lost".to_string(), |e| e.to_string())
         };
         match unowned {
             Ok(true) => {
-                tracing::warn!(route, key = %key, reason = %why(&lost), "the claim was lost before completion; the answer was recorded without it");
+                tracing::warn!(route, key = key, reason = %why(&lost), "the claim was lost before completion; the answer was recorded without it");
                 Recorded::Held
             }
             Ok(false) => {
-                tracing::warn!(route, key = %key, reason = %why(&lost), "the claim was lost before completion and another claimer holds the key; the answer was not recorded");
+                tracing::warn!(route, key = key, reason = %why(&lost), "the claim was lost before completion and another claimer holds the key; the answer was not recorded");
                 Recorded::Taken
             }
             Err(e) => {
-                tracing::warn!(route, key = %key, error = %e, reason = %why(&lost), "recording the completion failed; the key frees at lease expiry");
+                tracing::warn!(route, key = key, error = %e, reason = %why(&lost), "recording the completion failed; the key frees at lease expiry");
                 Recorded::Failed
             }
         }

@@ -80,7 +80,7 @@ impl AsyncMode {
                 Err(e) => {
                     // Acknowledged all the same: refusing it would only make the
                     // provider retry a delivery that can never carry the value.
-                    tracing::warn!(route = &*key.route, key = %key.key, error = %e, "no usable order_key value; the delivery is queued unordered");
+                    tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "no usable order_key value; the delivery is queued unordered");
                     None
                 }
             }
@@ -113,7 +113,7 @@ impl AsyncMode {
                 ),
             )),
             Err(e) => {
-                tracing::warn!(route = &*key.route, key = %key.key, error = %e, "queue append failed");
+                tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "queue append failed");
                 Some((
                     Outcome::StoreUnavailable,
                     unavailable(
@@ -128,7 +128,7 @@ impl AsyncMode {
             span.set("error.type", refused.0.as_str());
             span.fail(refused.0.as_str());
             if let Err(e) = self.backend.release(key, token).await {
-                tracing::warn!(route = &*key.route, key = %key.key, error = %e, "release failed; the key frees at lease expiry");
+                tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "release failed; the key frees at lease expiry");
             }
             return refused;
         }
@@ -140,7 +140,7 @@ impl AsyncMode {
             .mark_queued(key, token, state.cfg.max_age)
             .await
         {
-            tracing::warn!(route = &*key.route, key = %key.key, error = %e, "marking the key queued failed; the claim frees at lease expiry");
+            tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "marking the key queued failed; the claim frees at lease expiry");
         }
         (Outcome::Queued, ack_answer(&state.cfg))
     }

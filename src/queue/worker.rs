@@ -254,7 +254,7 @@ impl AsyncMode {
                 }
                 Err(e) => {
                     self.leave(state, admitted).await;
-                    tracing::warn!(route, key = %key.key, error = %e, "queue: taking the key failed");
+                    tracing::warn!(route, key = key.logged(), error = %e, "queue: taking the key failed");
                     if !self.pause(Duration::from_secs(1)).await {
                         return;
                     }
@@ -327,7 +327,7 @@ impl AsyncMode {
                                 break;
                             }
                             Err(e) => {
-                                tracing::warn!(route, key = %key.key, error = %e, "recording completion failed; retrying");
+                                tracing::warn!(route, key = key.logged(), error = %e, "recording completion failed; retrying");
                                 tokio::time::sleep(Duration::from_millis(100)).await;
                             }
                         }
@@ -335,11 +335,22 @@ impl AsyncMode {
                     if !recorded {
                         // Not acknowledged: left pending, taken over after claim_idle
                         // and found completed, or delivered again (at least once).
-                        tracing::warn!(route, key = %key.key, "completion not recorded (claim lost or store failing); the entry stays pending");
+                        tracing::warn!(
+                            route,
+                            key = key.logged(),
+                            "completion not recorded (claim lost or store failing); the entry stays pending"
+                        );
                         return;
                     }
                     self.finish(route, id, order).await;
-                    tracing::info!(route, key = %key.key, attempt, status = stored.status, duration_ms = took.as_secs_f64() * 1000.0, "queued delivery completed");
+                    tracing::info!(
+                        route,
+                        key = key.logged(),
+                        attempt,
+                        status = stored.status,
+                        duration_ms = took.as_secs_f64() * 1000.0,
+                        "queued delivery completed"
+                    );
                     return;
                 }
                 Ok(resp)
@@ -354,9 +365,15 @@ impl AsyncMode {
                     // `Retry-After: 0` must not turn into a loop of uncounted attempts.
                     let hold = hold.max(cfg.backoff);
                     state.metrics.attempts_held.inc();
-                    tracing::info!(route, key = %key.key, status = resp.status.as_u16(), hold_ms = hold.as_millis() as u64, "the application asked to wait (Retry-After); the route is held and the attempt not counted");
+                    tracing::info!(
+                        route,
+                        key = key.logged(),
+                        status = resp.status.as_u16(),
+                        hold_ms = hold.as_millis() as u64,
+                        "the application asked to wait (Retry-After); the route is held and the attempt not counted"
+                    );
                     if let Err(e) = self.backend.unlock(&key, token, true).await {
-                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
+                        tracing::warn!(route, key = key.logged(), error = %e, "unlock failed; the key frees at lease expiry");
                     }
                     if let Err(e) = self.backend.hold(route, hold).await {
                         tracing::warn!(route, error = %e, "holding the route failed; this entry waits alone");
@@ -371,13 +388,13 @@ impl AsyncMode {
                         Ok(resp) => format!("upstream answered {}", resp.status.as_u16()),
                         Err(e) => e.to_string(),
                     };
-                    tracing::info!(route, key = %key.key, attempt, error = %last_error, "queued delivery attempt failed");
+                    tracing::info!(route, key = key.logged(), attempt, error = %last_error, "queued delivery attempt failed");
                     if attempt >= u64::from(cfg.max_attempts) {
                         self.bury(&held, attempt, &last_error).await;
                         return;
                     }
                     if let Err(e) = self.backend.unlock(&key, token, false).await {
-                        tracing::warn!(route, key = %key.key, error = %e, "unlock failed; the key frees at lease expiry");
+                        tracing::warn!(route, key = key.logged(), error = %e, "unlock failed; the key frees at lease expiry");
                     }
                     let wait = backoff_delay(cfg, attempt, rand::random::<f64>());
                     if !self.pause(wait).await {
@@ -422,8 +439,8 @@ impl AsyncMode {
         );
         let route = &*state.route.name;
         lease::renewing(self.lease, || self.backend.renew(key, token), call, |event| match event {
-            LeaseEvent::Lost => tracing::warn!(route, key = %key.key, "delivery claim lost while the upstream call ran"),
-            LeaseEvent::Failed(e) => tracing::warn!(route, key = %key.key, error = %e, "renewing the delivery claim failed"),
+            LeaseEvent::Lost => tracing::warn!(route, key = key.logged(), "delivery claim lost while the upstream call ran"),
+            LeaseEvent::Failed(e) => tracing::warn!(route, key = key.logged(), error = %e, "renewing the delivery claim failed"),
         })
         .await
     }
@@ -489,11 +506,17 @@ impl AsyncMode {
         {
             Ok(()) => {
                 state.metrics.dead_letters.inc();
-                tracing::warn!(route, key = %key.key, attempts, error = last_error, "queued delivery moved to the dead-letter stream");
+                tracing::warn!(
+                    route,
+                    key = key.logged(),
+                    attempts,
+                    error = last_error,
+                    "queued delivery moved to the dead-letter stream"
+                );
             }
             Err(e) => {
                 // Left pending: retried after a takeover.
-                tracing::warn!(route, key = %key.key, error = %e, "moving an entry to the dead-letter stream failed");
+                tracing::warn!(route, key = key.logged(), error = %e, "moving an entry to the dead-letter stream failed");
                 let _ = self.backend.unlock(key, token, false).await;
                 return;
             }
@@ -504,7 +527,7 @@ impl AsyncMode {
             match self.backend.release(key, token).await {
                 Ok(_) => return,
                 Err(e) => {
-                    tracing::warn!(route, key = %key.key, error = %e, "releasing a dead-lettered key failed");
+                    tracing::warn!(route, key = key.logged(), error = %e, "releasing a dead-lettered key failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }

@@ -44,6 +44,14 @@ impl DeliveryKey {
             key: key.into(),
         }
     }
+
+    /// The key as a log field's value, the one way every line writes it
+    /// (`key = key.logged()`): a string field, which the text format writes quoted and
+    /// escaped (JSON as a string). The key is the client's text: written bare (`%`), a
+    /// key such as `evt 1 forged=yes` would add fields to the line.
+    pub fn logged(&self) -> &str {
+        &self.key
+    }
 }
 
 /// The owner token of one claim attempt.

@@ -153,3 +153,38 @@ async fn the_cli_refuses_the_memory_store() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("in-memory store"));
 }
+
+/// `min_replicas_ack` binds an operator's replay from the command line as it binds a
+/// delivery and the admin API's replay: against one redis-server (`WAIT` can never be
+/// satisfied) the CLI's replay claim is given up before the command ends, the command
+/// fails, the application is not called again and the key stays completed with its old
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_replay_needs_the_replicas_a_delivery_needs() {
+    let redis = RedisServer::start_new();
+    let upstream = Upstream::start().await;
+    let sc = builder(&upstream, &redis).start().await;
+    let acked = builder(&upstream, &redis)
+        .store_raw("min_replicas_ack", "1")
+        .store_opt("replicas_ack_timeout", "50ms")
+        .start()
+        .await;
+    let cli = Cli::new(&acked);
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    let out = cli.run(&["deliveries", "replay", ROUTE, &d.id, "--json"]);
+    assert!(
+        !out.status.success(),
+        "the replay succeeded without a replica's confirmation: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(upstream.count(), 1, "the application was called again");
+    // Given up before the command ended (not by a background task that dies with
+    // the command's runtime, leaving the key locked until the lease ends).
+    let j = cli.json(&["deliveries", "show", ROUTE, &d.id]);
+    assert_eq!(j["claimed"], false, "the replay's claim stayed: {j}");
+    assert_eq!(j["status"], "completed", "{j}");
+    assert_ne!(j["outcome"], "operator_replay", "{j}");
+    assert!(sc.send(&d).await.replayed(), "the copy was forwarded again");
+    assert_eq!(upstream.count(), 1);
+}

@@ -21,24 +21,30 @@ use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token,
 impl RedisStore {
     /// A claim this caller won, once enough replicas confirmed it. A claim that too
     /// few replicas confirmed is not safe to forward — a failover now could hand the
-    /// key to a copy — so it is given up in the background (with the unlogged release;
-    /// the provider's retry is then forwarded) and reported as a store error (503).
-    /// An operator's replay of a completed key given up so goes back to `completed`
-    /// with its old answer: release.lua decides that from the record, not the caller.
-    fn won(
+    /// key to a copy — so it is given up (with the unlogged release; the provider's
+    /// retry is then forwarded) and reported as a store error (503), the release run
+    /// as `give_up` says. An operator's replay of a completed key given up so goes back
+    /// to `completed` with its old answer: release.lua decides that from the record,
+    /// not the caller.
+    async fn won(
         &self,
         key: &DeliveryKey,
         token: Token,
         acked: Option<i64>,
+        give_up: GiveUp,
     ) -> Result<Claim, StoreError> {
         if let Some(e) = self.under_replicated("claim", acked) {
             let store = self.clone();
             let key = key.clone();
-            tokio::spawn(async move {
+            let release = async move {
                 if let Err(e) = store.release(&key, token, None).await {
-                    tracing::warn!(key = %key.key, error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
+                    tracing::warn!(key = key.logged(), error = %e, "releasing an under-replicated claim failed; the key frees at lease expiry");
                 }
-            });
+            };
+            match give_up {
+                GiveUp::Background => drop(tokio::spawn(release)),
+                GiveUp::Awaited => release.await,
+            }
             return Err(e);
         }
         Ok(Claim::Claimed(token))
@@ -92,7 +98,7 @@ impl RedisStore {
                         return Ok(claim);
                     }
                 }
-                let claim = self.won(key, token, acked)?;
+                let claim = self.won(key, token, acked, GiveUp::Background).await?;
                 let kept = log.and_then(|l| l.kept.cloned());
                 let kind = WriteKind::Claimed { fp_hex, kept };
                 self.log_write(keys.log, key, log, kind).await;
@@ -101,7 +107,7 @@ impl RedisStore {
             // A retried claim (the first reply lost: a dropped connection, a cluster
             // client resending after a failover) finds its own token: it owns the key.
             Found::Processing { token: t, .. } if t == token_hex.as_bytes() => {
-                return self.won(key, token, acked);
+                return self.won(key, token, acked, GiveUp::Background).await;
             }
             Found::Processing { .. } => return self.in_flight(&keys.record).await,
             Found::Queued { .. } => Claim::Queued,
@@ -242,10 +248,21 @@ impl RedisStore {
         if let Value::Array(items) = &reply
             && items.first().and_then(bytes_of) == Some(b"claimed")
         {
-            return self.won(key, token, acked);
+            // Awaited: `idemgate deliveries replay` ends its runtime with the command,
+            // and a release in the background would die with it, leaving the key
+            // locked until the lease ends.
+            return self.won(key, token, acked, GiveUp::Awaited).await;
         }
         parse_claim(reply)
     }
+}
+
+/// How a claim too few replicas confirmed is given up: a delivery's answer (503) does
+/// not wait for it; an operator's replay does.
+#[derive(Clone, Copy)]
+enum GiveUp {
+    Background,
+    Awaited,
 }
 
 /// "In flight" for `pttl` ms more (a negative PTTL, gone meanwhile: none).

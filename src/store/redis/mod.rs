@@ -51,6 +51,7 @@ mod log_writer;
 use super::log::{ClaimLog, Settled};
 use super::{Claim, DeliveryKey, Lifetimes, Store, StoreError, StoredResponse, Token, unix_millis};
 use crate::config::topology::Topology;
+use crate::config::{Config, StoreUrl};
 use crate::providers::Fingerprint;
 use log_writer::{LogWriter, WriteTtls};
 
@@ -196,6 +197,31 @@ impl RedisStore {
                 renew: ScriptDef::new(include_str!("scripts/renew.lua")),
             }),
         })
+    }
+
+    /// The store `[store]` names, built one way for the sidecar and for the operator
+    /// commands, so that an operator's action is bound by what binds a delivery
+    /// (`min_replicas_ack`, the prefix, the timeout, the lifetimes).
+    pub fn from_config(config: &Config) -> Result<Self, StoreError> {
+        let StoreUrl::Redis(url) = &config.store.url else {
+            return Err(StoreError::Unavailable(
+                "store.url names the in-memory store, not Redis".to_string(),
+            ));
+        };
+        let lifetimes = Lifetimes {
+            lease: config.dedup.lease,
+            retention: config.dedup.retention,
+        };
+        Ok(RedisStore::new(
+            url,
+            &config.store.key_prefix,
+            lifetimes,
+            config.store.timeout,
+        )?
+        .with_replica_acks(
+            config.store.min_replicas_ack,
+            config.store.replicas_ack_timeout,
+        ))
     }
 
     /// Makes claims and completions count only once `replicas` replicas confirmed them
