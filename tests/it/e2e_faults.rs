@@ -577,3 +577,36 @@ async fn the_sidecar_runs_without_transparent_huge_pages() {
         .map(|v| v.trim().trim_end_matches(" kB").trim().to_string());
     assert_eq!(huge.as_deref(), Some("0"), "{smaps}");
 }
+
+/// README: "A delivery whose provider hangs up keeps going": the provider gives up
+/// (its client times out and closes the connection) while the application works; the
+/// sidecar still records the application's answer, so the provider's retry is
+/// replayed, not forwarded again.
+#[tokio::test]
+async fn a_delivery_whose_provider_hangs_up_is_still_completed() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Stall(Duration::from_millis(800))]);
+    let sc = SidecarBuilder::new(&up.url(), &redis.url()).start().await;
+    let d = Delivery::fresh();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .expect("client");
+    let gave_up = post(&impatient, &sc.url(PATH), &d.headers(), d.body.clone()).await;
+    assert!(gave_up.is_err(), "the provider should have timed out: {gave_up:?}");
+    up.wait_for_count(1, Duration::from_secs(5)).await;
+    // The application answers 0.6 s after the provider left; the retry comes later.
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    let retry = loop {
+        let a = sc.send(&d).await;
+        if a.status != 409 {
+            break a;
+        }
+        assert!(std::time::Instant::now() < end, "still in flight: {a:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert!(retry.replayed(), "the abandoned delivery's answer was not recorded");
+    assert_eq!(up.count(), 1);
+}
