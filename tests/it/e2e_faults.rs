@@ -594,7 +594,10 @@ async fn a_delivery_whose_provider_hangs_up_is_still_completed() {
         .build()
         .expect("client");
     let gave_up = post(&impatient, &sc.url(PATH), &d.headers(), d.body.clone()).await;
-    assert!(gave_up.is_err(), "the provider should have timed out: {gave_up:?}");
+    assert!(
+        gave_up.is_err(),
+        "the provider should have timed out: {gave_up:?}"
+    );
     up.wait_for_count(1, Duration::from_secs(5)).await;
     // The application answers 0.6 s after the provider left; the retry comes later.
     let end = std::time::Instant::now() + Duration::from_secs(5);
@@ -607,6 +610,9 @@ async fn a_delivery_whose_provider_hangs_up_is_still_completed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(retry.status, 200, "{}", retry.text());
-    assert!(retry.replayed(), "the abandoned delivery's answer was not recorded");
+    assert!(
+        retry.replayed(),
+        "the abandoned delivery's answer was not recorded"
+    );
     assert_eq!(up.count(), 1);
 }
