@@ -7,39 +7,14 @@ use std::time::Duration;
 
 use crate::common::RedisServer;
 use crate::common::cluster::RedisCluster;
-use bytes::Bytes;
-use idemgate::providers::{Fingerprint, fingerprint_body};
-use idemgate::store::{
-    Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, StoredResponse, Token,
-};
+use crate::store_conformance::{claimed, fp, key, response};
+use idemgate::providers::Fingerprint;
+use idemgate::store::{Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, Token};
 
 const SHORT_LEASE: Lifetimes = Lifetimes {
     lease: Duration::from_millis(300),
     retention: Duration::from_secs(3600),
 };
-
-fn fp(s: &str) -> Fingerprint {
-    fingerprint_body(s.as_bytes())
-}
-
-fn key(k: &str) -> DeliveryKey {
-    DeliveryKey::new("route", k)
-}
-
-fn response(body: &[u8]) -> StoredResponse {
-    StoredResponse {
-        status: 200,
-        headers: Bytes::from_static(b"x-app: 1\r\n"),
-        body: Bytes::copy_from_slice(body),
-    }
-}
-
-fn claimed(c: Claim) -> Token {
-    match c {
-        Claim::Claimed(t) => t,
-        other => panic!("expected Claimed, got {other:?}"),
-    }
-}
 
 /// Claims `k` and lets the claim lapse (no renewal).
 async fn lapsed<S: Store>(s: &S, k: &DeliveryKey, f: &Fingerprint) -> Token {

@@ -28,15 +28,15 @@ const SHORT_LEASE: Lifetimes = Lifetimes {
     retention: Duration::from_secs(3600),
 };
 
-fn fp(s: &str) -> Fingerprint {
+pub(crate) fn fp(s: &str) -> Fingerprint {
     fingerprint_body(s.as_bytes())
 }
 
-fn key(k: &str) -> DeliveryKey {
+pub(crate) fn key(k: &str) -> DeliveryKey {
     DeliveryKey::new("route", k)
 }
 
-fn response(body: &[u8]) -> StoredResponse {
+pub(crate) fn response(body: &[u8]) -> StoredResponse {
     StoredResponse {
         status: 201,
         headers: Bytes::from_static(b"content-type: text/plain\r\nx-app: 1\r\n"),
@@ -44,7 +44,7 @@ fn response(body: &[u8]) -> StoredResponse {
     }
 }
 
-fn claimed(c: Claim) -> idemgate::store::Token {
+pub(crate) fn claimed(c: Claim) -> idemgate::store::Token {
     match c {
         Claim::Claimed(t) => t,
         other => panic!("expected Claimed, got {other:?}"),
