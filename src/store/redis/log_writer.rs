@@ -125,7 +125,7 @@ async fn run(
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed_at: Option<tokio::time::Instant> = None;
-    // A transaction per delivery keeps a hash's writes and its TTL together (a batch
+    // One transaction per batch keeps each hash's writes and its TTL together (a batch
     // cut by a connection reset cannot leave a hash without one); a Redis Cluster
     // routes commands by key, and `MULTI` has none, so there the writes go plain.
     let atomic = !matches!(conn, Connection::Cluster(_));
@@ -133,14 +133,15 @@ async fn run(
         if rx.recv_many(&mut batch, BATCH).await == 0 {
             return;
         }
-        let mut pipe = redis::pipe();
         let mut waiting = Vec::new();
+        let mut writes = Vec::with_capacity(batch.len());
         for msg in batch.drain(..) {
             match msg {
-                Msg::Write(w) => add(&mut pipe, &w, ttls, atomic),
+                Msg::Write(w) => writes.push(w),
                 Msg::Flush(done) => waiting.push(done),
             }
         }
+        let pipe = batch_pipeline(&writes, ttls, atomic);
         if !pipe.is_empty() {
             let sent = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
             let error = match sent {
@@ -162,13 +163,70 @@ async fn run(
     }
 }
 
-/// One claim's commands, replies ignored: the hash's in a transaction when `atomic`,
-/// then the index's (another slot; an index left without a TTL by a cut batch gets
-/// one from the next claim).
-fn add(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls, atomic: bool) {
+/// One batch's commands, replies ignored: every hash's writes in one transaction when
+/// `atomic` (one `MULTI`/`EXEC` per batch, not per delivery), then one `ZADD` of all
+/// the batch's members per recent index, trimmed and given its lifetime once (an
+/// index left without a TTL by a cut batch gets one from the next claim). The index's
+/// final state is the same as with a `ZADD` per delivery: a member named twice keeps
+/// its later score, and the cap is applied after the last one.
+fn batch_pipeline(writes: &[LogWrite], ttls: WriteTtls, atomic: bool) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    if writes.is_empty() {
+        return pipe;
+    }
     if atomic {
         pipe.cmd("MULTI").ignore();
     }
+    for w in writes {
+        add_hash(&mut pipe, w, ttls);
+    }
+    if atomic {
+        pipe.cmd("EXEC").ignore();
+    }
+    // Indexes in the order their routes first appear in the batch.
+    let mut indexes: Vec<(&str, redis::Cmd, bool)> = Vec::new();
+    for w in writes {
+        let Some(index) = w.index.as_deref() else {
+            continue;
+        };
+        let at = match indexes.iter().position(|(i, _, _)| *i == index) {
+            Some(at) => at,
+            None => {
+                let mut zadd = redis::cmd("ZADD");
+                zadd.arg(index);
+                indexes.push((index, zadd, false));
+                indexes.len() - 1
+            }
+        };
+        let (_, zadd, claimed) = &mut indexes[at];
+        zadd.arg(w.now).arg(&w.key);
+        *claimed |= matches!(w.kind, WriteKind::Claimed { .. });
+    }
+    for (index, zadd, claimed) in indexes {
+        pipe.add_command(zadd).ignore();
+        if claimed {
+            pipe.cmd("ZREMRANGEBYRANK")
+                .arg(index)
+                .arg(0)
+                .arg(-(RECENT_PER_ROUTE as i64) - 1)
+                .ignore();
+            pipe.cmd("PEXPIRE").arg(index).arg(ttls.index).ignore();
+        } else {
+            // Only copies: they move members they find (a re-added one overshoots the
+            // cap by one until the next claim trims), and give the index a lifetime
+            // only when it has none (they re-created it).
+            pipe.cmd("PEXPIRE")
+                .arg(index)
+                .arg(ttls.index)
+                .arg("NX")
+                .ignore();
+        }
+    }
+    pipe
+}
+
+/// One claim's writes to its log hash.
+fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
     match &w.kind {
         WriteKind::Claimed { fp_hex, kept } => {
             let hset = pipe
@@ -225,27 +283,83 @@ fn add(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls, atomic: bool) 
                 .ignore();
         }
     }
-    if atomic {
-        pipe.cmd("EXEC").ignore();
-    }
-    if let Some(index) = &w.index {
-        pipe.cmd("ZADD").arg(index).arg(w.now).arg(&w.key).ignore();
-        if matches!(w.kind, WriteKind::Copy) {
-            // A copy moves a member it finds (a re-added one overshoots the cap by one
-            // until the next claim trims); it gives the index a lifetime only when it
-            // has none (it re-created it).
-            pipe.cmd("PEXPIRE")
-                .arg(index)
-                .arg(ttls.index)
-                .arg("NX")
-                .ignore();
-        } else {
-            pipe.cmd("ZREMRANGEBYRANK")
-                .arg(index)
-                .arg(0)
-                .arg(-(RECENT_PER_ROUTE as i64) - 1)
-                .ignore();
-            pipe.cmd("PEXPIRE").arg(index).arg(ttls.index).ignore();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTLS: WriteTtls = WriteTtls {
+        hash: 1000,
+        fragment: 900,
+        index: 1100,
+    };
+
+    fn write(route: &str, key: &str, now: u64, claimed: bool) -> LogWrite {
+        LogWrite {
+            hash: format!("h:{route}:{key}"),
+            index: Some(format!("i:{route}")),
+            key: key.to_string(),
+            now,
+            kind: if claimed {
+                WriteKind::Claimed {
+                    fp_hex: "ab".into(),
+                    kept: None,
+                }
+            } else {
+                WriteKind::Copy
+            },
         }
+    }
+
+    /// Each command as its words, for comparing.
+    fn words(pipe: &redis::Pipeline) -> Vec<String> {
+        pipe.cmd_iter()
+            .map(|c| {
+                c.args_iter()
+                    .map(|a| match a {
+                        redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                        _ => "<other>".into(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_is_one_transaction_and_one_zadd_per_index() {
+        let batch = [
+            write("a", "k1", 10, true),
+            write("b", "k2", 11, false),
+            write("a", "k3", 12, true),
+        ];
+        let w = words(&batch_pipeline(&batch, TTLS, true));
+        assert_eq!(w.iter().filter(|c| *c == "MULTI").count(), 1, "{w:#?}");
+        assert_eq!(w.iter().filter(|c| *c == "EXEC").count(), 1, "{w:#?}");
+        let exec = w.iter().position(|c| c == "EXEC").unwrap();
+        // Every hash write sits inside the one transaction.
+        assert!(
+            w[..exec]
+                .iter()
+                .any(|c| c.starts_with("HINCRBY h:b:k2 duplicates"))
+        );
+        assert_eq!(
+            w[exec + 1..],
+            [
+                "ZADD i:a 10 k1 12 k3",
+                "ZREMRANGEBYRANK i:a 0 -10001",
+                "PEXPIRE i:a 1100",
+                "ZADD i:b 11 k2",
+                "PEXPIRE i:b 1100 NX",
+            ]
+        );
+    }
+
+    #[test]
+    fn on_a_cluster_there_is_no_transaction() {
+        let w = words(&batch_pipeline(&[write("a", "k1", 10, true)], TTLS, false));
+        assert!(!w.iter().any(|c| c == "MULTI" || c == "EXEC"), "{w:#?}");
+        assert!(batch_pipeline(&[], TTLS, true).is_empty());
     }
 }
