@@ -10,7 +10,7 @@ use crate::answer::{Answer, ErrorAnswer, error_answer};
 use crate::metrics::{Outcome, RouteMetrics, StoreOp};
 use crate::providers::{Fingerprint, Route};
 use crate::store::log::Settled;
-use crate::store::{DeliveryKey, Store, StoreError, StoredResponse, Token};
+use crate::store::{DeliveryKey, Store, StoredResponse, Token};
 use crate::trace;
 use http::StatusCode;
 
@@ -44,7 +44,8 @@ pub(super) fn may_answer_2xx(recorded: Recorded, confirms_completions: bool) -> 
 
 impl<S: Store> Gate<S> {
     /// Records the completion: by the claim's owner, or, when the claim is gone (its
-    /// lease lapsed, a failover lost it), for the key if no one else holds it.
+    /// lease lapsed, a failover lost it), for the key if no one else holds it. A
+    /// completion that failed (store error, replicas short) is not tried again.
     pub(super) async fn record_completion(
         &self,
         c: &Claimed<'_>,
@@ -60,12 +61,18 @@ impl<S: Store> Gate<S> {
                 ),
             )
             .await;
-        let lost = match owned {
+        let (route, key) = (&*c.route.name, c.key.logged());
+        match owned {
             Ok(true) => return Recorded::Held,
-            Ok(false) => None,
-            Err(e) => Some(e),
-        };
-        c.rm.lease_lost.inc();
+            // The outcome is unknown (a timeout) or unconfirmed: a second write would
+            // only wait as long again.
+            Err(e) => {
+                c.rm.lease_lost.inc();
+                tracing::warn!(route, key, error = %e, "recording the completion failed; the key frees at lease expiry");
+                return Recorded::Failed;
+            }
+            Ok(false) => c.rm.lease_lost.inc(),
+        }
         let unowned = self
             .timed(
                 StoreOp::Complete,
@@ -76,22 +83,25 @@ impl<S: Store> Gate<S> {
                 ),
             )
             .await;
-        let (route, key) = (&*c.route.name, c.key.logged());
-        let why = |e: &Option<StoreError>| {
-            e.as_ref()
-                .map_or_else(|| "claim lost".to_string(), |e| e.to_string())
-        };
         match unowned {
             Ok(true) => {
-                tracing::warn!(route, key = key, reason = %why(&lost), "the claim was lost before completion; the answer was recorded without it");
+                tracing::warn!(
+                    route,
+                    key,
+                    "the claim was lost before completion; the answer was recorded without it"
+                );
                 Recorded::Held
             }
             Ok(false) => {
-                tracing::warn!(route, key = key, reason = %why(&lost), "the claim was lost before completion and another claimer holds the key; the answer was not recorded");
+                tracing::warn!(
+                    route,
+                    key,
+                    "the claim was lost before completion and another claimer holds the key; the answer was not recorded"
+                );
                 Recorded::Taken
             }
             Err(e) => {
-                tracing::warn!(route, key = key, error = %e, reason = %why(&lost), "recording the completion failed; the key frees at lease expiry");
+                tracing::warn!(route, key, error = %e, "the claim was lost before completion and recording the answer failed");
                 Recorded::Failed
             }
         }

@@ -263,10 +263,27 @@ impl RedisStore {
         settled: Option<&Settled>,
         keep: Duration,
     ) -> Result<bool, StoreError> {
-        // The complete script leaves the recent index alone (see complete.lua).
+        let claim = token.to_hex();
+        self.run_completion(&self.scripts.complete, key, claim, response, settled, keep)
+            .await
+    }
+
+    /// Runs a completion script (complete.lua, or complete_unowned.lua with the
+    /// fingerprint for the owner's token), pipelined with `WAIT` when replica acks are
+    /// on: whether it recorded the answer, counted only once the replicas confirmed it.
+    /// The scripts leave the recent index alone (see complete.lua).
+    async fn run_completion(
+        &self,
+        script: &ScriptDef,
+        key: &DeliveryKey,
+        claim: String,
+        response: &StoredResponse,
+        settled: Option<&Settled>,
+        keep: Duration,
+    ) -> Result<bool, StoreError> {
         let k = self.keys(key);
-        let mut call = Call::new(&self.scripts.complete, &[&k.record, &k.lock, &k.log])
-            .arg(token.to_hex())
+        let mut call = Call::new(script, &[&k.record, &k.lock, &k.log])
+            .arg(claim)
             .arg(record::completed_tail(response))
             .arg(response.status)
             .arg(unix_millis())
@@ -275,11 +292,12 @@ impl RedisStore {
             call = self.complete_log_args(call, settled);
         }
         let (reply, acked) = self.eval(&call, true).await?;
-        let owned = int_of(&reply) == Some(1);
-        if owned && let Some(e) = self.under_replicated("completion", acked) {
+        // 1: recorded; 2 (complete_unowned.lua): the same completion already held.
+        let recorded = matches!(int_of(&reply), Some(1 | 2));
+        if recorded && let Some(e) = self.under_replicated("completion", acked) {
             return Err(e);
         }
-        Ok(owned)
+        Ok(recorded)
     }
 
     /// Waits until the log writes queued before this call are written (the log's reads
@@ -530,25 +548,9 @@ impl Store for RedisStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let k = self.keys(key);
-        let mut call = Call::new(
-            &self.scripts.complete_unowned,
-            &[&k.record, &k.lock, &k.log],
-        )
-        .arg(hex::encode(fp))
-        .arg(record::completed_tail(response))
-        .arg(response.status)
-        .arg(unix_millis())
-        .arg(ms(self.lifetimes.retention));
-        if let Some(settled) = settled {
-            call = self.complete_log_args(call, settled);
-        }
-        let (reply, acked) = self.eval(&call, true).await?;
-        let recorded = matches!(int_of(&reply), Some(1 | 2));
-        if recorded && let Some(e) = self.under_replicated("completion", acked) {
-            return Err(e);
-        }
-        Ok(recorded)
+        let (script, keep) = (&self.scripts.complete_unowned, self.lifetimes.retention);
+        self.run_completion(script, key, hex::encode(fp), response, settled, keep)
+            .await
     }
 
     async fn release(
