@@ -139,16 +139,32 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = Counted<S::Future>;
 
     fn call(&self, req: R) -> Self::Future {
         let in_hand = self.activity.begin();
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let answer = answer.await;
-            drop(in_hand);
-            answer
-        })
+        Counted {
+            inner: self.inner.call(req),
+            _in_hand: in_hand,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer, counted in hand until it is ready or dropped (no box per
+    /// request: this runs for every delivery).
+    pub struct Counted<F> {
+        #[pin]
+        inner: F,
+        _in_hand: InHand,
+    }
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        self.project().inner.poll(cx)
     }
 }
 
