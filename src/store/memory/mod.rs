@@ -11,9 +11,11 @@ use super::{
 };
 use crate::providers::Fingerprint;
 
-/// The delivery log (the operator's view of each delivery) in memory.
 /// Operators' bulk jobs in process (`store::jobs`).
 mod jobs;
+/// How a durable store hears of the memory store's changes (the `file:` store).
+pub(crate) mod journal;
+/// The delivery log (the operator's view of each delivery) in memory.
 mod log;
 /// The route's pacing state in process (`store::pacing`).
 mod pacing;
