@@ -18,6 +18,7 @@ mod overrides;
 mod parse;
 mod raw;
 mod redact;
+mod store_url;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -162,7 +163,19 @@ pub const OPERATOR_TOKEN_MIN_LEN: usize = 16;
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     Memory,
+    /// The `file:` store's directory (`store::file`).
+    File(std::path::PathBuf),
     Redis(String),
+}
+
+/// When the `file:` store fsyncs its journal (`store.fsync`). Either way a change is
+/// written to the OS before the answer that promises it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Every group commit is fsynced before the answers waiting on it.
+    Always,
+    /// At most this long after a commit (a machine crash may lose that window).
+    Every(Duration),
 }
 
 impl std::fmt::Debug for StoreUrl {
@@ -170,6 +183,7 @@ impl std::fmt::Debug for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreUrl::Memory => f.write_str("Memory"),
+            StoreUrl::File(p) => f.debug_tuple("File").field(p).finish(),
             StoreUrl::Redis(u) => f.debug_tuple("Redis").field(&redact_url(u)).finish(),
         }
     }
@@ -178,6 +192,8 @@ impl std::fmt::Debug for StoreUrl {
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub url: StoreUrl,
+    /// The `file:` store's fsync policy (`store.fsync`).
+    pub fsync: FsyncPolicy,
     /// False when neither a `[store]` section nor `IDEMGATE_STORE_URL` chose the store.
     pub explicit: bool,
     pub key_prefix: String,

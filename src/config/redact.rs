@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{
-    Config, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteMode, Secret, StoreUrl,
+    Config, FsyncPolicy, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteMode, Secret, StoreUrl,
 };
 
 impl Secret {
@@ -63,9 +63,19 @@ impl Config {
         let _ = writeln!(out, "\n[store]");
         let url = match &self.store.url {
             StoreUrl::Memory => "memory".to_string(),
+            StoreUrl::File(p) => format!("file:{}", p.display()),
             StoreUrl::Redis(u) => redact_url(u),
         };
         let _ = writeln!(out, "url = {}", q(&url));
+        match self.store.fsync {
+            FsyncPolicy::Always if !matches!(self.store.url, StoreUrl::File(_)) => {}
+            FsyncPolicy::Always => {
+                let _ = writeln!(out, "fsync = \"always\"");
+            }
+            FsyncPolicy::Every(p) => {
+                let _ = writeln!(out, "fsync = {}", q(&d(p)));
+            }
+        }
         let _ = writeln!(out, "key_prefix = {}", q(&self.store.key_prefix));
         let _ = writeln!(out, "timeout = {}", q(&d(self.store.timeout)));
         let on_error = match self.store.on_error {

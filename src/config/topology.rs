@@ -81,7 +81,7 @@ impl Topology {
                 None => Err("is not a valid Redis URL".to_string()),
             };
         }
-        Err("must be \"memory\", redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+sentinel://".to_string())
+        Err("must be \"memory\", file:/path, redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+sentinel://".to_string())
     }
 
     /// A word for logs.

@@ -214,14 +214,8 @@ pub(super) fn validate(
         ),
         None => ("store.url", "memory".to_string()),
     };
-    let url = if url_text == "memory" {
-        StoreUrl::Memory
-    } else {
-        // One server, a Redis Cluster or a Sentinel-managed master: see config::topology.
-        super::topology::Topology::parse(&url_text)
-            .map_err(|e| ConfigError::new(url_field, format!("`{}` {e}", redact_url(&url_text))))?;
-        StoreUrl::Redis(url_text)
-    };
+    let url = super::store_url::parse_store_url(url_field, &url_text)?;
+    let fsync = super::store_url::parse_fsync(&url, rs.fsync.as_deref())?;
     let key_prefix = rs.key_prefix.unwrap_or_else(|| "idemgate".to_string());
     if key_prefix.is_empty()
         || key_prefix.contains(['{', '}'])
@@ -239,10 +233,10 @@ pub(super) fn validate(
         rs.replicas_ack_timeout,
         "100ms",
     )?;
-    if min_replicas_ack > 0 && url == StoreUrl::Memory {
+    if min_replicas_ack > 0 && !matches!(url, StoreUrl::Redis(_)) {
         return Err(ConfigError::new(
             "store.min_replicas_ack",
-            "needs a Redis store: the in-memory store has no replicas",
+            "needs a Redis store: the in-memory and file stores have no replicas",
         ));
     }
     if min_replicas_ack > 0 && replicas_ack_timeout >= timeout {
@@ -253,6 +247,7 @@ pub(super) fn validate(
     }
     let store = StoreConfig {
         url,
+        fsync,
         explicit,
         key_prefix,
         timeout,

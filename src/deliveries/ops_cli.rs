@@ -108,11 +108,20 @@ where
         Ok((c, _routes)) => c,
         Err(e) => return fail(cmd, format!("invalid configuration: {e}")),
     };
-    if config.store.url == StoreUrl::Memory {
-        return fail(
-            cmd,
-            "the store is the in-memory store: it lives inside one sidecar, with nothing shared to read or change from here (use that sidecar's admin API, or configure [store] url = \"redis://…\")",
-        );
+    match config.store.url {
+        StoreUrl::Redis(_) => {}
+        StoreUrl::Memory => {
+            return fail(
+                cmd,
+                "the store is the in-memory store: it lives inside one sidecar, with nothing shared to read or change from here (use that sidecar's admin API, or configure [store] url = \"redis://…\")",
+            );
+        }
+        StoreUrl::File(_) => {
+            return fail(
+                cmd,
+                "the store is a file store: one sidecar owns its directory, with nothing shared to read or change from here (use that sidecar's admin API)",
+            );
+        }
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

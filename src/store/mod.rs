@@ -12,6 +12,8 @@
 //! key is `completed` again once the replay's claim is released or lapses.
 
 pub mod breaker;
+/// The `file:` store: the memory store journaled to a directory.
+pub mod file;
 pub mod jobs;
 pub(crate) mod lease;
 pub mod log;

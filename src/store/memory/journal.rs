@@ -1,5 +1,3 @@
-// Used by the `file:` store (being built); until it lands nothing implements it.
-#![allow(dead_code)]
 
 //! The seam through which a durable store hears of every change the in-memory store
 //! makes, so the `file:` store keeps the same state on disk and the memory store's
@@ -8,7 +6,12 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::store::jobs::JobRecord;
+use crate::store::queue::{DeadLetter, QueueEntry};
 use crate::store::{DeliveryKey, StoreError};
+
+/// A queue entry's or dead letter's ID: (Unix ms, sequence), as `ms-seq`.
+pub type QueueId = (u64, u64);
 
 /// A change's place in the journal, for `Journal::durable`.
 pub type Ticket = u64;
@@ -24,6 +27,42 @@ pub enum Change<'a> {
     Entry {
         key: &'a DeliveryKey,
         entry: Option<&'a [u8]>,
+    },
+    /// An async route's queue entry (`None`: it left the queue, delivered or
+    /// dead-lettered). Who holds it is not journaled: after a restart every entry is
+    /// free to be read again.
+    Queued {
+        route: &'a str,
+        id: QueueId,
+        entry: Option<&'a QueueEntry>,
+    },
+    /// A dead letter (`None`: redriven).
+    Dead {
+        route: &'a str,
+        id: QueueId,
+        dead: Option<&'a DeadLetter>,
+    },
+    /// How many delivery attempts a key's queue entry has had (`None`: forgotten).
+    Attempts {
+        key: &'a DeliveryKey,
+        id: QueueId,
+        count: Option<u64>,
+    },
+    /// An operator's bulk job's record (`None`: the job is forgotten).
+    Job {
+        id: &'a str,
+        record: Option<&'a JobRecord>,
+    },
+    /// A job's work list, written once when the job is created (`None`: forgotten).
+    JobItems {
+        id: &'a str,
+        items: Option<&'a [String]>,
+    },
+    /// A job's mark on one item (`None`: forgotten with the job).
+    JobMark {
+        id: &'a str,
+        item: &'a str,
+        mark: Option<&'a str>,
     },
 }
 

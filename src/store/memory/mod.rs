@@ -153,6 +153,11 @@ impl MemoryStore {
         MemoryStore { inner, lifetimes }
     }
 
+    /// The journal a `file:` store writes through (none on the memory store).
+    pub(crate) fn journal(&self) -> Option<Arc<dyn journal::Journal>> {
+        None
+    }
+
     /// Number of keys held (for tests and diagnostics).
     pub fn len(&self) -> usize {
         self.inner.entries.lock().map(|m| m.len()).unwrap_or(0)

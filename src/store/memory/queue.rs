@@ -1,13 +1,16 @@
 //! The async queue in process, beside the in-memory store: for a single replica and
-//! local use. Not durable: an acknowledged delivery still in the queue is lost when the
-//! process stops (docs/async.md says so; use Redis for the guarantee).
+//! local use. On the memory store an acknowledged delivery still in the queue is lost
+//! when the process stops (docs/async.md says so); on the `file:` store every entry,
+//! dead letter and attempt count is journaled and awaited before the method answers,
+//! so it survives a restart (who holds an entry does not: all are free again).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::DeliveryLock;
+use super::journal::{Change, Journal, Ticket};
 use crate::store::queue::{
     DeadLetter, DeadLetterPage, Lock, QueueBackend, QueueEntry, QueueStats, Read, StoreFuture,
 };
@@ -75,7 +78,7 @@ pub(super) struct State {
 
 /// One key's attempt counts, per queue entry, as deliver_lock.lua keeps them.
 #[derive(Default)]
-struct Attempts {
+pub(super) struct Attempts {
     /// The entry that took the key's lock last: a refund is its.
     last: Id,
     counts: HashMap<Id, u64>,
@@ -83,9 +86,15 @@ struct Attempts {
 
 impl State {
     /// Forgets `id`'s count (the entry left the queue), and the key's once none is left.
-    fn forget_attempts(&mut self, key: &DeliveryKey, id: Id) {
-        if let Some(a) = self.attempts.get_mut(key) {
-            a.counts.remove(&id);
+    fn forget_attempts(&mut self, key: &DeliveryKey, id: Id, journal: &Journaled) {
+        if let Some(a) = self.attempts.get_mut(key)
+            && a.counts.remove(&id).is_some()
+        {
+            journal.note(Change::Attempts {
+                key,
+                id,
+                count: None,
+            });
             if a.counts.is_empty() {
                 self.attempts.remove(key);
             }
@@ -93,9 +102,25 @@ impl State {
     }
 }
 
+/// The `file:` store's journal, when there is one; the tickets of the changes one
+/// method made, to await before it answers.
+#[derive(Default)]
+pub(super) struct Journaled {
+    journal: Option<Arc<dyn Journal>>,
+}
+
+impl Journaled {
+    /// Records `change` (nothing on the memory store). Called under the queue's lock,
+    /// so changes reach the journal in the order they were made.
+    pub(super) fn note(&self, change: Change<'_>) -> Option<Ticket> {
+        self.journal.as_ref().map(|j| j.record(change))
+    }
+}
+
 /// See the module documentation.
 pub struct MemoryQueue {
     store: MemoryStore,
+    pub(super) journal: Journaled,
     state: Mutex<State>,
     jobs: Mutex<HashMap<String, super::jobs::MemJob>>,
     seq: AtomicU64,
@@ -104,6 +129,9 @@ pub struct MemoryQueue {
 impl MemoryQueue {
     pub fn new(store: MemoryStore) -> MemoryQueue {
         MemoryQueue {
+            journal: Journaled {
+                journal: store.journal(),
+            },
             store,
             state: Mutex::default(),
             jobs: Mutex::default(),
@@ -137,6 +165,69 @@ impl MemoryQueue {
     pub(super) fn ready<T: Send + 'static>(v: Result<T, StoreError>) -> StoreFuture<'static, T> {
         Box::pin(std::future::ready(v))
     }
+
+    /// `with`, then answers once every change `f` journaled is durable (at once on the
+    /// memory store): an acknowledged delivery's entry is on disk before the 202.
+    pub(super) fn durably<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut State, &Journaled) -> (T, Option<Ticket>),
+    ) -> StoreFuture<'_, T> {
+        match self.with(|s| f(s, &self.journal)) {
+            Ok((v, Some(t))) => self.after(t, v),
+            Ok((v, None)) => Self::ready(Ok(v)),
+            Err(e) => Self::ready(Err(e)),
+        }
+    }
+
+    /// Answers `v` once ticket `t` is durable.
+    pub(super) fn after<T: Send + 'static>(&self, t: Ticket, v: T) -> StoreFuture<'_, T> {
+        match &self.journal.journal {
+            Some(j) => {
+                let durable = j.durable(t);
+                Box::pin(async move {
+                    durable.await?;
+                    Ok(v)
+                })
+            }
+            None => Self::ready(Ok(v)),
+        }
+    }
+
+    /// Puts back an entry read from the `file:` store at start.
+    pub(crate) fn restore_queued(&self, route: &str, id: Id, entry: QueueEntry) {
+        self.bump_seq(id);
+        let _ = self.with(|s| {
+            let q = s.routes.entry(route.to_string()).or_default();
+            q.order_push(entry.order.as_deref(), id);
+            q.entries.insert(
+                id,
+                Slot {
+                    entry,
+                    holder: None,
+                },
+            );
+        });
+    }
+
+    /// Puts back a dead letter read from the `file:` store at start.
+    pub(crate) fn restore_dead(&self, route: &str, id: Id, dead: DeadLetter) {
+        self.bump_seq(id);
+        let _ = self.with(|s| {
+            s.routes.entry(route.to_string()).or_default().dead.insert(id, dead);
+        });
+    }
+
+    /// Puts back an attempt count read from the `file:` store at start.
+    pub(crate) fn restore_attempts(&self, key: DeliveryKey, id: Id, count: u64) {
+        let _ = self.with(|s| {
+            s.attempts.entry(key).or_default().counts.insert(id, count);
+        });
+    }
+
+    /// New IDs sort after every restored one, whatever the clock did meanwhile.
+    fn bump_seq(&self, id: Id) {
+        self.seq.fetch_max(id.1 + 1, Ordering::Relaxed);
+    }
 }
 
 impl QueueBackend for MemoryQueue {
@@ -147,10 +238,10 @@ impl QueueBackend for MemoryQueue {
         max_queue: u64,
     ) -> StoreFuture<'a, Option<String>> {
         let id = self.next_id();
-        Self::ready(self.with(|s| {
+        self.durably(|s, j| {
             let q = s.routes.entry(route.to_string()).or_default();
             if q.entries.len() as u64 >= max_queue {
-                return None;
+                return (None, None);
             }
             q.entries.insert(
                 id,
@@ -160,8 +251,13 @@ impl QueueBackend for MemoryQueue {
                 },
             );
             q.order_push(entry.order.as_deref(), id);
-            Some(show(id))
-        }))
+            let t = j.note(Change::Queued {
+                route,
+                id,
+                entry: Some(entry),
+            });
+            (Some(show(id)), t)
+        })
     }
 
     fn mark_queued<'a>(
@@ -265,17 +361,26 @@ impl QueueBackend for MemoryQueue {
             .store
             .lock_for_delivery(key, keep_for)
             .and_then(|l| match l {
-                DeliveryLock::Completed => Ok(Lock::Completed),
-                DeliveryLock::Busy => Ok(Lock::Busy),
+                DeliveryLock::Completed => Ok((Lock::Completed, None)),
+                DeliveryLock::Busy => Ok((Lock::Busy, None)),
                 DeliveryLock::Claimed(token) => self.with(|s| {
                     let a = s.attempts.entry(key.clone()).or_default();
                     a.last = entry_id;
                     let n = a.counts.entry(entry_id).or_default();
                     *n += 1;
-                    Lock::Claimed { token, attempt: *n }
+                    let t = self.journal.note(Change::Attempts {
+                        key,
+                        id: entry_id,
+                        count: Some(*n),
+                    });
+                    (Lock::Claimed { token, attempt: *n }, t)
                 }),
             });
-        Self::ready(r)
+        match r {
+            Ok((lock, Some(t))) => self.after(t, lock),
+            Ok((lock, None)) => Self::ready(Ok(lock)),
+            Err(e) => Self::ready(Err(e)),
+        }
     }
 
     fn renew<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
@@ -290,12 +395,19 @@ impl QueueBackend for MemoryQueue {
     ) -> StoreFuture<'a, bool> {
         let r = self.store.unlock(key, token);
         if refund && matches!(r, Ok(true)) {
-            let _ = self.with(|s| {
+            return self.durably(|s, j| {
+                let mut t = None;
                 if let Some(a) = s.attempts.get_mut(key)
                     && let Some(n) = a.counts.get_mut(&a.last)
                 {
                     *n = n.saturating_sub(1);
+                    t = j.note(Change::Attempts {
+                        key,
+                        id: a.last,
+                        count: Some(*n),
+                    });
                 }
+                (true, t)
             });
         }
         Self::ready(r)
@@ -308,7 +420,17 @@ impl QueueBackend for MemoryQueue {
         response: &'a StoredResponse,
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        let _ = self.with(|s| s.attempts.remove(key));
+        // The store's completion is journaled after these: awaiting it awaits them.
+        let _ = self.with(|s| {
+            let counts = s.attempts.remove(key).map(|a| a.counts).unwrap_or_default();
+            for id in counts.into_keys() {
+                self.journal.note(Change::Attempts {
+                    key,
+                    id,
+                    count: None,
+                });
+            }
+        });
         Self::ready(self.store.complete_queued(key, token, response, keep_for))
     }
 
@@ -318,15 +440,22 @@ impl QueueBackend for MemoryQueue {
         id: &'a str,
         order: Option<&'a str>,
     ) -> StoreFuture<'a, ()> {
-        Self::ready(self.with(|s| {
+        self.durably(|s, j| {
+            let mut t = None;
             if let (Some(q), Some(id)) = (s.routes.get_mut(route), parse(id)) {
                 let gone = q.entries.remove(&id);
                 q.order_remove(order, id);
                 if let Some(slot) = gone {
-                    s.forget_attempts(&DeliveryKey::new(route, slot.entry.key), id);
+                    t = j.note(Change::Queued {
+                        route,
+                        id,
+                        entry: None,
+                    });
+                    s.forget_attempts(&DeliveryKey::new(route, slot.entry.key), id, j);
                 }
             }
-        }))
+            ((), t)
+        })
     }
 
     fn dead_letter<'a>(
@@ -338,25 +467,35 @@ impl QueueBackend for MemoryQueue {
         last_error: &'a str,
     ) -> StoreFuture<'a, ()> {
         let dead_id = self.next_id();
-        Self::ready(self.with(|s| {
+        self.durably(|s, j| {
             let q = s.routes.entry(route.to_string()).or_default();
             if let Some(id) = parse(id) {
-                q.entries.remove(&id);
+                if q.entries.remove(&id).is_some() {
+                    j.note(Change::Queued {
+                        route,
+                        id,
+                        entry: None,
+                    });
+                }
                 q.order_remove(entry.order.as_deref(), id);
-                s.forget_attempts(&DeliveryKey::new(route, entry.key.clone()), id);
+                s.forget_attempts(&DeliveryKey::new(route, entry.key.clone()), id, j);
             }
             let q = s.routes.entry(route.to_string()).or_default();
-            q.dead.insert(
-                dead_id,
-                DeadLetter {
-                    id: show(dead_id),
-                    entry: entry.clone(),
-                    attempts,
-                    last_error: last_error.to_string(),
-                    dead_at: unix_millis(),
-                },
-            );
-        }))
+            let dead = DeadLetter {
+                id: show(dead_id),
+                entry: entry.clone(),
+                attempts,
+                last_error: last_error.to_string(),
+                dead_at: unix_millis(),
+            };
+            let t = j.note(Change::Dead {
+                route,
+                id: dead_id,
+                dead: Some(&dead),
+            });
+            q.dead.insert(dead_id, dead);
+            ((), t)
+        })
     }
 
     fn stats<'a>(&'a self, route: &'a str) -> StoreFuture<'a, QueueStats> {
@@ -401,17 +540,29 @@ impl QueueBackend for MemoryQueue {
         // Like the Redis script: a new entry (its attempts start again at 1) received
         // now, so `max_age` counts from the redrive.
         let new_id = self.next_id();
-        Self::ready(self.with(|s| {
+        self.durably(|s, j| {
             let Some(q) = s.routes.get_mut(route) else {
-                return false;
+                return (false, None);
             };
-            let Some(dead) = parse(dead_letter_id).and_then(|id| q.dead.remove(&id)) else {
-                return false;
+            let Some((dead_id, dead)) =
+                parse(dead_letter_id).and_then(|id| Some((id, q.dead.remove(&id)?)))
+            else {
+                return (false, None);
             };
+            j.note(Change::Dead {
+                route,
+                id: dead_id,
+                dead: None,
+            });
             let entry = QueueEntry {
                 received_at: unix_millis(),
                 ..dead.entry
             };
+            let t = j.note(Change::Queued {
+                route,
+                id: new_id,
+                entry: Some(&entry),
+            });
             q.order_push(entry.order.as_deref(), new_id);
             q.entries.insert(
                 new_id,
@@ -420,8 +571,8 @@ impl QueueBackend for MemoryQueue {
                     holder: None,
                 },
             );
-            true
-        }))
+            (true, t)
+        })
     }
 }
 

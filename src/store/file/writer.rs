@@ -1,0 +1,209 @@
+//! The journal's one writer thread: it takes every change queued since its last
+//! commit and writes them in one atomic batch (group commit), then tells the waiting
+//! callers. Each batch reaches the OS before any caller is told (a SIGKILL loses
+//! nothing answered); it is fsynced before they are told under `fsync = "always"`,
+//! or within the period under `fsync = "<duration>"`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fjall::{Database, Keyspace, PersistMode};
+use tokio::sync::watch;
+
+use super::layout::{Op, Space, op};
+use crate::config::FsyncPolicy;
+use crate::store::StoreError;
+use crate::store::memory::journal::{Change, Durable, Journal, Ticket};
+
+/// Changes recorded but not yet handed to the writer.
+#[derive(Default)]
+struct Pending {
+    /// The ticket the next change gets (the first is 1).
+    next: Ticket,
+    ops: Vec<Op>,
+    closed: bool,
+}
+
+/// How far the writer got.
+#[derive(Debug, Clone, Default)]
+struct Committed {
+    /// Every change with a ticket up to this one is written.
+    upto: Ticket,
+    /// The engine failed: nothing is written any more (until a restart).
+    failed: Option<String>,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+    committed: watch::Sender<Committed>,
+}
+
+/// The `Journal` the memory store writes through on a `file:` store.
+pub(crate) struct FileJournal {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the writer thread owns.
+pub(super) struct Engine {
+    pub(super) db: Database,
+    pub(super) spaces: HashMap<Space, Keyspace>,
+    /// Held for the writer's life: the directory's lock file.
+    pub(super) _lock: std::fs::File,
+}
+
+impl FileJournal {
+    pub(super) fn start(engine: Engine, fsync: FsyncPolicy) -> std::io::Result<FileJournal> {
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending {
+                next: 1,
+                ..Pending::default()
+            }),
+            wake: Condvar::new(),
+            committed: watch::Sender::new(Committed::default()),
+        });
+        let for_writer = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("idemgate-file-store".into())
+            .spawn(move || write_loop(&for_writer, engine, fsync))?;
+        Ok(FileJournal {
+            shared,
+            writer: Mutex::new(Some(writer)),
+        })
+    }
+}
+
+/// On drop the writer commits what is queued, fsyncs, and releases the directory.
+impl Drop for FileJournal {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.shared.pending.lock() {
+            p.closed = true;
+        }
+        self.shared.wake.notify_one();
+        if let Some(w) = self.writer.lock().ok().and_then(|mut w| w.take()) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Journal for FileJournal {
+    fn record(&self, change: Change<'_>) -> Ticket {
+        let op = op(change);
+        // A poisoned lock means the writer is gone: the ticket is never committed, and
+        // `durable` says why.
+        let Ok(mut p) = self.shared.pending.lock() else {
+            return Ticket::MAX;
+        };
+        let ticket = p.next;
+        p.next += 1;
+        p.ops.push(op);
+        drop(p);
+        self.shared.wake.notify_one();
+        ticket
+    }
+
+    fn durable(&self, ticket: Ticket) -> Durable<'_> {
+        let mut rx = self.shared.committed.subscribe();
+        Box::pin(async move {
+            let c = rx
+                .wait_for(|c| c.upto >= ticket || c.failed.is_some())
+                .await
+                .map_err(|_| StoreError::Unavailable("file store writer stopped".into()))?;
+            match &c.failed {
+                Some(e) if c.upto < ticket => Err(StoreError::Unavailable(format!(
+                    "file store cannot write: {e}"
+                ))),
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
+    let mut synced_at = Instant::now();
+    let mut unsynced = false;
+    loop {
+        let (ops, upto, closed) = {
+            let Ok(mut p) = shared.pending.lock() else {
+                return;
+            };
+            while p.ops.is_empty() && !p.closed {
+                let wait = match fsync {
+                    FsyncPolicy::Every(period) if unsynced => {
+                        period.saturating_sub(synced_at.elapsed())
+                    }
+                    _ => Duration::from_secs(3600),
+                };
+                if unsynced && wait.is_zero() {
+                    break;
+                }
+                p = match shared.wake.wait_timeout(p, wait) {
+                    Ok((p, _)) => p,
+                    Err(_) => return,
+                };
+            }
+            (std::mem::take(&mut p.ops), p.next - 1, p.closed)
+        };
+        let written = if ops.is_empty() {
+            Ok(())
+        } else {
+            commit(&engine, ops, fsync)
+        };
+        let written = written.and_then(|()| match fsync {
+            FsyncPolicy::Always => Ok(()),
+            FsyncPolicy::Every(period) => {
+                unsynced = true;
+                if closed || synced_at.elapsed() >= period {
+                    synced_at = Instant::now();
+                    unsynced = false;
+                    engine.db.persist(PersistMode::SyncAll)
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        match written {
+            Ok(()) => {
+                shared.committed.send_modify(|c| c.upto = c.upto.max(upto));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "file store: the write failed; the store stops answering until a restart");
+                shared.committed.send_modify(|c| c.failed = Some(e.to_string()));
+                return;
+            }
+        }
+        if closed {
+            let _ = engine.db.persist(PersistMode::SyncAll);
+            return;
+        }
+    }
+}
+
+/// One atomic batch, the last change of each key winning (a batch's writes share one
+/// sequence number, so one key must appear once).
+fn commit(engine: &Engine, ops: Vec<Op>, fsync: FsyncPolicy) -> fjall::Result<()> {
+    let mut last: HashMap<(Space, Vec<u8>), Option<Vec<u8>>> = HashMap::with_capacity(ops.len());
+    for op in ops {
+        last.insert((op.space, op.key), op.value);
+    }
+    let durability = match fsync {
+        FsyncPolicy::Always => Some(PersistMode::SyncAll),
+        // Written to the OS at commit (a batch without a mode stays in the journal's
+        // buffer, which a SIGKILL would lose).
+        FsyncPolicy::Every(_) => Some(PersistMode::Buffer),
+    };
+    let mut batch = engine.db.batch().durability(durability);
+    for ((space, key), value) in last {
+        let Some(ks) = engine.spaces.get(&space) else {
+            continue;
+        };
+        match value {
+            Some(v) => batch.insert(ks, key, v),
+            None => batch.remove(ks, key),
+        }
+    }
+    batch.commit()
+}
