@@ -171,7 +171,7 @@ impl QueueBackend for MemoryQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
         // A new entry has no count yet: nothing to reset.
-        Self::ready(self.store.mark_queued(key, token, keep_for))
+        Box::pin(self.store.mark_queued(key, token, keep_for))
     }
 
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
@@ -261,10 +261,8 @@ impl QueueBackend for MemoryQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, Lock> {
         let entry_id = parse(id).unwrap_or_default();
-        let r = self
-            .store
-            .lock_for_delivery(key, keep_for)
-            .and_then(|l| match l {
+        Box::pin(async move {
+            match self.store.lock_for_delivery(key, keep_for).await? {
                 DeliveryLock::Completed => Ok(Lock::Completed),
                 DeliveryLock::Busy => Ok(Lock::Busy),
                 DeliveryLock::Claimed(token) => self.with(|s| {
@@ -274,8 +272,8 @@ impl QueueBackend for MemoryQueue {
                     *n += 1;
                     Lock::Claimed { token, attempt: *n }
                 }),
-            });
-        Self::ready(r)
+            }
+        })
     }
 
     fn renew<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
@@ -288,17 +286,19 @@ impl QueueBackend for MemoryQueue {
         token: Token,
         refund: bool,
     ) -> StoreFuture<'a, bool> {
-        let r = self.store.unlock(key, token);
-        if refund && matches!(r, Ok(true)) {
-            let _ = self.with(|s| {
-                if let Some(a) = s.attempts.get_mut(key)
-                    && let Some(n) = a.counts.get_mut(&a.last)
-                {
-                    *n = n.saturating_sub(1);
-                }
-            });
-        }
-        Self::ready(r)
+        Box::pin(async move {
+            let r = self.store.unlock(key, token).await;
+            if refund && matches!(r, Ok(true)) {
+                let _ = self.with(|s| {
+                    if let Some(a) = s.attempts.get_mut(key)
+                        && let Some(n) = a.counts.get_mut(&a.last)
+                    {
+                        *n = n.saturating_sub(1);
+                    }
+                });
+            }
+            r
+        })
     }
 
     fn complete<'a>(
@@ -309,7 +309,7 @@ impl QueueBackend for MemoryQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
         let _ = self.with(|s| s.attempts.remove(key));
-        Self::ready(self.store.complete_queued(key, token, response, keep_for))
+        Box::pin(self.store.complete_queued(key, token, response, keep_for))
     }
 
     fn done<'a>(
