@@ -38,7 +38,7 @@ use crate::config::{Config, StoreUrl};
 use crate::conn::Lifetime;
 use crate::gate::Gate;
 use crate::providers::Routes;
-use crate::store::{Breaker, Lifetimes, MemoryStore, RedisStore, Store};
+use crate::store::{Breaker, Lifetimes, MemoryOptions, MemoryStore, RedisStore, Store};
 
 /// The largest request head (request line + headers) read into memory per
 /// connection; a larger one gets 431. Also caps the per-connection read buffer.
@@ -88,11 +88,19 @@ pub async fn run(
         retention: config.dedup.retention,
     };
     match &config.store.url {
-        StoreUrl::Memory => {
-            let store = MemoryStore::new(lifetimes);
+        StoreUrl::Memory | StoreUrl::File(_) => {
+            let options = MemoryOptions::new(lifetimes);
+            // The `file:` store is the memory store journaled to its directory.
+            let (store, queue) = match &config.store.url {
+                StoreUrl::File(dir) => crate::store::file::open(dir, config.store.fsync, options)?,
+                _ => {
+                    let store = MemoryStore::with_options(options);
+                    let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));
+                    (store, queue)
+                }
+            };
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
-            let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));
             let store = Breaker::new(
                 store,
                 config.store.breaker_threshold,

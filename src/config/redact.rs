@@ -5,7 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{
-    Config, FsyncPolicy, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteMode, Secret, StoreUrl,
+    Config, FsyncPolicy, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteMode,
+    Secret, StoreUrl,
 };
 
 impl Secret {

@@ -13,7 +13,7 @@ use super::raw::{RawConfig, RawRoute};
 use super::{
     AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, HandshakeMode,
     InFlightPolicy, KeylessPolicy, OnStoreError, RouteConfig, RouteMode, StoreConfig, StoreUrl,
-    Throttle, bounds, redact_url,
+    Throttle, bounds,
 };
 
 /// A route's `mode` and, for `async`, its acknowledgement and delivery policy; the

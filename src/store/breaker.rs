@@ -156,7 +156,9 @@ impl<S: Store> Breaker<S> {
     fn record<T>(&self, r: &Result<T, StoreError>) {
         let ok = match r {
             Ok(_) => true,
-            Err(StoreError::CircuitOpen) => return,
+            // A full store answers; it is not failing (and opening the circuit would
+            // refuse the copies it could still answer from what it remembers).
+            Err(StoreError::CircuitOpen) | Err(StoreError::Full) => return,
             Err(_) => false,
         };
         let changed = self.lock().record(ok, Instant::now());
@@ -285,6 +287,10 @@ impl<S: Store> Store for Breaker<S> {
 
     fn confirms_completions(&self) -> bool {
         self.inner.confirms_completions()
+    }
+
+    fn bound_stats(&self) -> Option<crate::store::BoundStats> {
+        self.inner.bound_stats()
     }
 }
 

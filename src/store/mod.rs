@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use crate::providers::Fingerprint;
 pub use breaker::Breaker;
-pub use memory::{MemoryQueue, MemoryStore};
+pub use memory::{DEFAULT_MAX_MEMORY, MemoryOptions, MemoryQueue, MemoryStore};
 pub use redis::{RedisQueue, RedisStore};
 
 /// Names one delivery in the store: its route and its idempotency key.
@@ -147,6 +147,26 @@ pub enum StoreError {
     /// The circuit breaker is open after repeated failures: the store was not asked.
     #[error("store circuit breaker open after repeated failures; not asked")]
     CircuitOpen,
+    /// The in-process store reached `store.max_memory` and holds only deliveries being
+    /// processed or queued (never evicted): a new delivery cannot be remembered.
+    #[error(
+        "store full: store.max_memory is reached and only deliveries being processed or \
+         queued are left (they are never evicted); raise store.max_memory"
+    )]
+    Full,
+}
+
+/// What a bounded store reports for its metrics (`idemgate_store_evictions_total`,
+/// `idemgate_store_oldest_age_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BoundStats {
+    /// Deliveries forgotten to keep the bound, since start.
+    pub evictions: u64,
+    /// Since when the oldest remembered delivery was last settled (0 when empty).
+    pub oldest_age: Duration,
+    /// Bytes the entries take now, and the bound.
+    pub used_bytes: u64,
+    pub max_bytes: u64,
 }
 
 /// Lease and retention, fixed per store at start.
@@ -224,6 +244,12 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
     /// `idemgate_store_circuit_open`); plain stores have none.
     fn circuit_open(&self) -> bool {
         false
+    }
+
+    /// A bounded store's evictions and effective dedup window (the in-process
+    /// store); None for stores without a bound of their own.
+    fn bound_stats(&self) -> Option<BoundStats> {
+        None
     }
 
     /// Whether a completion counts only once replicas confirmed it (`min_replicas_ack`):

@@ -63,6 +63,9 @@ mod tests {
         assert_eq!(t.u64(), Some(7));
         assert_eq!(t.rest(), b"tail");
         assert_eq!(Take(&b[..3]).bytes(), None);
-        assert_eq!(Take(&b[..10]).bytes().map(|_| ()), None);
+        assert_eq!(Take(&b[..7]).bytes(), None);
+        let mut short = Take(&b[..10]);
+        assert!(short.bytes().is_some());
+        assert_eq!(short.u64(), None);
     }
 }

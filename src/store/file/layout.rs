@@ -151,11 +151,7 @@ pub(super) fn op(change: Change<'_>) -> Op {
                 .0,
             count.map(|n| n.to_be_bytes().to_vec()),
         ),
-        Change::Job { id, record } => (
-            Space::Jobs,
-            id.as_bytes().to_vec(),
-            record.map(job_record),
-        ),
+        Change::Job { id, record } => (Space::Jobs, id.as_bytes().to_vec(), record.map(job_record)),
         Change::JobItems { id, items } => (
             Space::JobItems,
             id.as_bytes().to_vec(),
@@ -189,11 +185,9 @@ pub(super) fn restored(space: Space, key: &[u8], value: &[u8]) -> Option<Restore
             let route = k.text()?;
             Restored::Entry(DeliveryKey::new(route, text(k.rest())?), value.to_vec())
         }
-        Space::Queued => Restored::Queued(
-            k.text()?,
-            (k.u64()?, k.u64()?),
-            read_queue_entry(&mut v)?,
-        ),
+        Space::Queued => {
+            Restored::Queued(k.text()?, (k.u64()?, k.u64()?), read_queue_entry(&mut v)?)
+        }
         Space::Dead => {
             let (route, id) = (k.text()?, (k.u64()?, k.u64()?));
             let entry = read_queue_entry(&mut v)?;

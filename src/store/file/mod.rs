@@ -14,13 +14,15 @@ mod writer;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(crate) use layout::Restored;
 use layout::Space;
 pub(crate) use writer::FileJournal;
 
 use crate::config::FsyncPolicy;
-use crate::store::StoreError;
+use crate::store::memory::journal::Journal;
+use crate::store::{MemoryOptions, MemoryQueue, MemoryStore, StoreError};
 
 /// The lock file's name inside the store's directory.
 pub const LOCK_FILE: &str = "idemgate.lock";
@@ -54,7 +56,10 @@ pub fn lock_dir(dir: &Path) -> Result<File, String> {
             ));
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(unusable(dir, format!("cannot lock {}: {e}", path.display())));
+            return Err(unusable(
+                dir,
+                format!("cannot lock {}: {e}", path.display()),
+            ));
         }
     }
     // Writable: the engine creates and renames files here.
@@ -71,10 +76,52 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
     lock_dir(dir).map(drop)
 }
 
-/// An opened, locked directory, read back before the journal starts writing.
+/// Opens the `file:` store in `dir`: locks it, starts its journal, and loads every
+/// delivery, queue entry, dead letter and job back into a memory store (`options`'
+/// bound applies) and its queue.
+pub fn open(
+    dir: &Path,
+    fsync: FsyncPolicy,
+    options: MemoryOptions,
+) -> Result<(MemoryStore, Arc<MemoryQueue>), StoreError> {
+    let mut files = FileDir::open(dir)?;
+    let journal: Arc<dyn Journal> = Arc::new(files.start_journal(fsync)?);
+    let store = MemoryStore::with_options(MemoryOptions {
+        journal: Some(journal.clone()),
+        ..options
+    });
+    let queue = Arc::new(MemoryQueue::with_journal(store.clone(), Some(journal)));
+    let mut refused = None;
+    let loaded = files.load(|r| match r {
+        Restored::Entry(key, bytes) => {
+            if let Err(e) = store.restore_entry(key, &bytes) {
+                refused.get_or_insert(e);
+            }
+        }
+        Restored::Queued(route, id, entry) => queue.restore_queued(&route, id, entry),
+        Restored::Dead(route, id, dead) => queue.restore_dead(&route, id, dead),
+        Restored::Attempts(key, id, n) => queue.restore_attempts(key, id, n),
+        Restored::Job(record) => queue.restore_job(record),
+        Restored::JobItems(id, items) => queue.restore_job_items(&id, items),
+        Restored::JobMark(id, item, mark) => queue.restore_job_mark(&id, item, mark),
+    })?;
+    if let Some(e) = refused {
+        return Err(StoreError::Unavailable(unusable(
+            dir,
+            format!("a delivery does not load back: {e}"),
+        )));
+    }
+    tracing::info!(dir = %dir.display(), records = loaded, deliveries = store.len(), "file store opened");
+    Ok((store, queue))
+}
+
+/// An opened, locked directory: read back at start, written by its journal.
 pub(crate) struct FileDir {
     dir: PathBuf,
-    engine: writer::Engine,
+    db: fjall::Database,
+    spaces: HashMap<Space, fjall::Keyspace>,
+    /// Handed to the journal's writer when it starts (it holds it for its life).
+    lock: Option<File>,
 }
 
 impl FileDir {
@@ -84,25 +131,24 @@ impl FileDir {
         let db = fjall::Database::builder(dir.join("data"))
             // Read only at start: a small cache.
             .cache_size(4 << 20)
-            // The memtables hold what the memory store holds again; keep them small.
-            .max_write_buffer_size(Some(16 << 20))
             .max_journaling_size(64 << 20)
             .open()
             .map_err(|e| StoreError::Unavailable(unusable(dir, format!("cannot open: {e}"))))?;
         let mut spaces = HashMap::new();
         for space in Space::ALL {
             let ks = db
-                .keyspace(space.name(), fjall::KeyspaceCreateOptions::default)
+                // The memtables hold what the memory store holds again: keep them small.
+                .keyspace(space.name(), || {
+                    fjall::KeyspaceCreateOptions::default().max_memtable_size(8 << 20)
+                })
                 .map_err(|e| StoreError::Unavailable(unusable(dir, e)))?;
             spaces.insert(space, ks);
         }
         Ok(FileDir {
             dir: dir.to_path_buf(),
-            engine: writer::Engine {
-                db,
-                spaces,
-                _lock: lock,
-            },
+            db,
+            spaces,
+            lock: Some(lock),
         })
     }
 
@@ -111,7 +157,7 @@ impl FileDir {
     pub(crate) fn load(&self, mut restore: impl FnMut(Restored)) -> Result<u64, StoreError> {
         let mut n = 0;
         for space in Space::ALL {
-            let Some(ks) = self.engine.spaces.get(&space) else {
+            let Some(ks) = self.spaces.get(&space) else {
                 continue;
             };
             for kv in ks.iter() {
@@ -131,11 +177,18 @@ impl FileDir {
         Ok(n)
     }
 
-    /// Starts the writer: from now on the journal owns the directory.
-    pub(crate) fn into_journal(self, fsync: FsyncPolicy) -> Result<FileJournal, StoreError> {
-        let dir = self.dir;
-        FileJournal::start(self.engine, fsync).map_err(|e| {
-            StoreError::Unavailable(unusable(&dir, format!("cannot start its writer: {e}")))
+    /// Starts the writer (once): from then on the journal owns the directory's lock.
+    pub(crate) fn start_journal(&mut self, fsync: FsyncPolicy) -> Result<FileJournal, StoreError> {
+        let lock = self.lock.take().ok_or_else(|| {
+            StoreError::Unavailable(unusable(&self.dir, "its journal is already started"))
+        })?;
+        let engine = writer::Engine {
+            db: self.db.clone(),
+            spaces: self.spaces.clone(),
+            _lock: lock,
+        };
+        FileJournal::start(engine, fsync).map_err(|e| {
+            StoreError::Unavailable(unusable(&self.dir, format!("cannot start its writer: {e}")))
         })
     }
 }

@@ -32,7 +32,10 @@ fn load(dir: &Path) -> Vec<Restored> {
 
 #[tokio::test]
 async fn what_is_awaited_reads_back_after_a_reopen_for_both_policies() {
-    for fsync in [FsyncPolicy::Always, FsyncPolicy::Every(Duration::from_secs(30))] {
+    for fsync in [
+        FsyncPolicy::Always,
+        FsyncPolicy::Every(Duration::from_secs(30)),
+    ] {
         let tmp = tempfile::tempdir().unwrap();
         let k1 = DeliveryKey::new("wh", "a\0b key");
         let k2 = DeliveryKey::new("wh", "gone");
@@ -58,7 +61,10 @@ async fn what_is_awaited_reads_back_after_a_reopen_for_both_policies() {
             dead_at: 7,
         };
         {
-            let j = FileDir::open(tmp.path()).unwrap().into_journal(fsync).unwrap();
+            let j = FileDir::open(tmp.path())
+                .unwrap()
+                .start_journal(fsync)
+                .unwrap();
             j.record(Change::Entry {
                 key: &k1,
                 entry: Some(b"first"),

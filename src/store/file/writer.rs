@@ -171,7 +171,9 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
             }
             Err(e) => {
                 tracing::error!(error = %e, "file store: the write failed; the store stops answering until a restart");
-                shared.committed.send_modify(|c| c.failed = Some(e.to_string()));
+                shared
+                    .committed
+                    .send_modify(|c| c.failed = Some(e.to_string()));
                 return;
             }
         }

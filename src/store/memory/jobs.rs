@@ -145,7 +145,9 @@ impl Jobs for MemoryQueue {
     }
 
     fn job_items<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Vec<String>> {
-        Self::ready(Ok(self.read_job(id, |j| j.items.clone()).unwrap_or_default()))
+        Self::ready(Ok(self
+            .read_job(id, |j| j.items.clone())
+            .unwrap_or_default()))
     }
 
     fn job_take<'a>(

@@ -1,4 +1,3 @@
-
 //! The seam through which a durable store hears of every change the in-memory store
 //! makes, so the `file:` store keeps the same state on disk and the memory store's
 //! semantics (and its conformance suites) are the file store's too.
@@ -22,8 +21,9 @@ pub type Durable<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Sen
 /// One change of the in-memory state, as the journal stores it.
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
-    /// A delivery's entry in the memory store's own encoding (`None`: the key was
-    /// forgotten: expired, evicted or forgotten by an operator).
+    /// A delivery's entry in the memory store's own encoding (`codec`, read back by
+    /// `MemoryStore::restore_entry`); `None`: the key was forgotten (expired, evicted,
+    /// or forgotten by an operator).
     Entry {
         key: &'a DeliveryKey,
         entry: Option<&'a [u8]>,
@@ -72,7 +72,9 @@ pub enum Change<'a> {
 /// changes reach the journal in order; it must not block (it queues the change and
 /// returns its ticket). A store method whose answer promises the change (a completion
 /// answered 2xx, an acknowledged async delivery) awaits `durable` after the lock is
-/// released and before it answers.
+/// released and before it answers (the memory store's every mutating call does). The
+/// store's own forgetting (expiry sweeps, evictions under `max_memory`) is recorded
+/// the same way and not awaited.
 pub trait Journal: Send + Sync + 'static {
     fn record(&self, change: Change<'_>) -> Ticket;
     fn durable(&self, ticket: Ticket) -> Durable<'_>;

@@ -3,24 +3,25 @@
 //! (one replica's deliveries only). Listing scans the map: fine for the single,
 //! local process this store is for.
 
+use super::table::Admit;
 use super::{Entry, MemoryStore, later};
-use std::time::Instant;
+use std::time::Duration;
 
 use crate::providers::Fingerprint;
-use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
+use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, LogOutcome, Page, Settled};
 use crate::store::{Claim, DeliveryKey, Lifetimes, Status, StoreError, Token, unix_millis};
 
 /// What the log adds to an entry.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Extra {
-    outcome: Option<String>,
-    upstream_status: Option<u16>,
-    latency_ms: Option<u64>,
-    replays: u64,
+    pub(super) outcome: Option<LogOutcome>,
+    pub(super) upstream_status: Option<u16>,
+    pub(super) latency_ms: Option<u64>,
+    pub(super) replays: u64,
     pub(super) request: Option<KeptRequest>,
 }
 
-fn entry_of(key: &DeliveryKey, e: &Entry, now: Instant, with_request: bool) -> LogEntry {
+fn entry_of(key: &DeliveryKey, e: &Entry, now: u64, with_request: bool) -> LogEntry {
     let claimed = e.live_owner(now).is_some();
     LogEntry {
         route: key.route.to_string(),
@@ -33,7 +34,7 @@ fn entry_of(key: &DeliveryKey, e: &Entry, now: Instant, with_request: bool) -> L
         replays: e.log.replays,
         first_seen: e.first_seen,
         last_seen: e.last_seen,
-        outcome: e.log.outcome.clone(),
+        outcome: e.log.outcome.map(|o| o.as_str().to_string()),
         upstream_status: e.log.upstream_status,
         latency_ms: e.log.latency_ms,
         response_status: e.response.as_ref().map(|r| r.status),
@@ -50,7 +51,7 @@ impl Entry {
     /// Records how the upstream call went (the log's fields), when the caller logs.
     pub(super) fn note(&mut self, settled: Option<&Settled>) {
         if let Some(settled) = settled {
-            self.log.outcome = Some(settled.outcome.as_str().to_string());
+            self.log.outcome = Some(settled.outcome);
             self.log.upstream_status = settled.upstream_status;
             self.log.latency_ms = Some(settled.latency_ms);
         }
@@ -62,14 +63,14 @@ impl MemoryStore {
     /// replay.lua: gone or another payload → `Mismatch`, queued → `Queued`, a live
     /// claim → `InFlight`. Over a completed key it keeps the old answer to go back to
     /// (`restore`). (A provider's logged claim is `claim_in` with the kept request.)
-    pub(super) fn replay_claim(
+    pub(super) async fn replay_claim(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
     ) -> Result<Claim, StoreError> {
         let Lifetimes { lease, retention } = self.lifetimes;
-        self.with_entries(|map, now| {
-            let Some(entry) = map.get_mut(key).filter(|e| e.live(now)) else {
+        self.change(key, Admit::Always, |slot, now| {
+            let Some(entry) = slot else {
                 return Claim::Mismatch;
             };
             let status = entry.status_at(now);
@@ -78,7 +79,7 @@ impl MemoryStore {
                     return Claim::Mismatch;
                 }
                 entry.duplicates += 1;
-                entry.last_seen = unix_millis();
+                entry.last_seen = now;
                 return Claim::Queued;
             }
             if entry.fp != Some(*fp) {
@@ -92,53 +93,57 @@ impl MemoryStore {
                     entry.owner = Some((token, later(now, lease)));
                     entry.attempts += 1;
                     entry.log.replays += 1;
-                    entry.last_seen = unix_millis();
+                    entry.last_seen = now;
                     entry.expires_at = later(now, retention.max(lease));
                     Claim::Claimed(token)
                 }
                 Some((_, until)) => Claim::InFlight {
-                    remaining: until.saturating_duration_since(now),
+                    remaining: Duration::from_millis(until.saturating_sub(now)),
                 },
             }
         })
+        .await
     }
 
     pub(super) fn read_log_entry(&self, key: &DeliveryKey) -> Result<Option<LogEntry>, StoreError> {
-        self.with_entries(|map, now| {
-            map.get(key)
-                .filter(|e| e.live(now))
-                .map(|e| entry_of(key, e, now, true))
+        let now = unix_millis();
+        self.inner.read(key, |e| {
+            e.filter(|e| e.live(now))
+                .map(|e| entry_of(key, &e, now, true))
         })
     }
 
     pub(super) fn read_recent(&self, q: &ListQuery) -> Result<Page, StoreError> {
-        let all = self.with_entries(|map, now| {
-            map.iter()
-                .filter(|(k, e)| e.live(now) && q.routes.iter().any(|r| **r == *k.route))
-                .map(|(k, e)| (e.last_seen, entry_of(k, e, now, false)))
-                .filter(|(score, e)| {
-                    q.matches(e)
-                        && q.cursor
-                            .as_ref()
-                            .is_none_or(|c| (*score, e.route.as_str(), e.key.as_str()) < c.order())
-                })
-                .collect::<Vec<_>>()
-        })?;
+        let now = unix_millis();
+        let mut all = Vec::new();
+        self.inner.scan(
+            |route| q.routes.iter().any(|r| **r == *route),
+            |k, e| {
+                if !e.live(now) {
+                    return;
+                }
+                let (score, entry) = (e.last_seen, entry_of(&k, &e, now, false));
+                if q.matches(&entry)
+                    && q.cursor.as_ref().is_none_or(|c| {
+                        (score, entry.route.as_str(), entry.key.as_str()) < c.order()
+                    })
+                {
+                    all.push((score, entry));
+                }
+            },
+        )?;
         Ok(Page::from_candidates(all, q.limit.max(1)))
     }
 
-    pub(super) fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {
-        self.with_entries(|map, now| match map.get(key) {
+    pub(super) async fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {
+        self.change(key, Admit::Always, |slot, now| match slot {
             Some(e) if e.live_owner(now).is_some() => Forgot::InFlight,
-            Some(e) if e.expires_at > now => {
-                map.remove(key);
-                Forgot::Forgotten
-            }
             Some(_) => {
-                map.remove(key);
-                Forgot::NotFound
+                *slot = None;
+                Forgot::Forgotten
             }
             None => Forgot::NotFound,
         })
+        .await
     }
 }

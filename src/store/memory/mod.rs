@@ -1,16 +1,24 @@
 //! The in-memory store: the same semantics as Redis, inside one process. For a single
-//! replica and for local use (`idemgate demo`); nothing survives a restart.
+//! replica and for local use (`idemgate demo`); nothing survives a restart (unless a
+//! `journal` keeps every change, as the `file:` store does).
+//!
+//! Entries live in a sharded table (`table`), each as one compact record (`codec`),
+//! bounded by `max_memory`: the oldest settled deliveries are forgotten first.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use super::log::{ClaimLog, Settled};
 use super::{
-    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
+    BoundStats, Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token,
+    unix_millis,
 };
 use crate::providers::Fingerprint;
+use journal::{Journal, Ticket};
+use table::{Admit, Table, Updated};
 
+/// One entry as bytes: the store's record and the journal's change.
+pub(crate) mod codec;
 /// Operators' bulk jobs in process (`store::jobs`).
 mod jobs;
 /// How a durable store hears of the memory store's changes (the `file:` store).
@@ -20,22 +28,25 @@ mod log;
 /// The route's pacing state in process (`store::pacing`).
 mod pacing;
 mod queue;
+/// The sharded, bounded map of entries.
+mod table;
 pub use queue::MemoryQueue;
 
-struct Entry {
+#[derive(Debug)]
+pub(crate) struct Entry {
     status: Status,
     /// None when a queue worker re-created an expired entry (as Redis re-creates the
     /// hash without `fp`): copies are then acknowledged, never refused.
     fp: Option<Fingerprint>,
-    /// The current claim: its owner and when its lease lapses.
-    owner: Option<(Token, Instant)>,
+    /// The current claim: its owner and when its lease lapses (Unix ms).
+    owner: Option<(Token, u64)>,
     response: Option<StoredResponse>,
     attempts: u64,
     duplicates: u64,
     first_seen: u64,
     last_seen: u64,
-    /// When the whole entry is forgotten (retention).
-    expires_at: Instant,
+    /// When the whole entry is forgotten (retention), Unix ms.
+    expires_at: u64,
     /// The delivery log's extra fields: outcome, upstream status, latency, kept request.
     log: log::Extra,
     /// An operator's replay of a completed key holds (or held) the claim: unless it
@@ -45,7 +56,7 @@ struct Entry {
 }
 
 impl Entry {
-    fn fresh(fp: Option<Fingerprint>, status: Status, ms: u64, expires_at: Instant) -> Entry {
+    fn fresh(fp: Option<Fingerprint>, status: Status, ms: u64, expires_at: u64) -> Entry {
         Entry {
             status,
             fp,
@@ -61,17 +72,17 @@ impl Entry {
         }
     }
 
-    fn live_owner(&self, now: Instant) -> Option<(Token, Instant)> {
+    fn live_owner(&self, now: u64) -> Option<(Token, u64)> {
         self.owner.filter(|(_, until)| *until > now)
     }
 
-    fn live(&self, now: Instant) -> bool {
+    fn live(&self, now: u64) -> bool {
         self.expires_at > now || self.live_owner(now).is_some()
     }
 
     /// The status as the Redis scripts see it: a replay of a completed key whose
     /// claim lapsed without settling is completed with its old answer.
-    fn status_at(&self, now: Instant) -> Status {
+    fn status_at(&self, now: u64) -> Status {
         if self.status == Status::Processing
             && self.restore
             && self.response.is_some()
@@ -89,127 +100,197 @@ impl Entry {
     }
 
     /// Records the owner's answer: completed, remembered until `expires_at`.
-    fn complete(&mut self, response: &StoredResponse, expires_at: Instant) {
+    fn complete(&mut self, response: &StoredResponse, now: u64, expires_at: u64) {
         self.status = Status::Completed;
         self.owner = None;
         self.response = Some(response.clone());
-        self.last_seen = unix_millis();
+        self.last_seen = now;
         self.expires_at = expires_at;
     }
 
     /// Gives the claim up: `released`, or back to `completed` for a replay of a
     /// completed key (or when the caller asks so).
-    fn give_up(&mut self, restore: bool) {
+    fn give_up(&mut self, restore: bool, now: u64) {
         self.status = if (self.restore || restore) && self.response.is_some() {
             Status::Completed
         } else {
             Status::Released
         };
         self.owner = None;
-        self.last_seen = unix_millis();
+        self.last_seen = now;
     }
 }
 
-/// `now + d`, capped at a century: a huge duration never panics under the store's
-/// lock (which would poison it for every later call).
-pub(super) fn later(now: Instant, d: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    now.checked_add(d)
-        .or_else(|| now.checked_add(CENTURY))
-        .unwrap_or(now)
+/// `now + d` in Unix ms, saturating: a huge duration never overflows under a lock.
+pub(super) fn later(now: u64, d: Duration) -> u64 {
+    now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-#[derive(Default)]
-struct Inner {
-    entries: Mutex<HashMap<DeliveryKey, Entry>>,
+/// Default `[store] max_memory`: fits a sidecar's memory limit with room to spare.
+pub const DEFAULT_MAX_MEMORY: u64 = 128 * 1024 * 1024;
+
+/// How a memory store is built.
+#[derive(Clone)]
+pub struct MemoryOptions {
+    pub lifetimes: Lifetimes,
+    /// Bytes the entries may take (`[store] max_memory`); then the oldest settled
+    /// deliveries are forgotten, and new ones refused when none are left to forget.
+    pub max_memory: u64,
+    /// Hears every change of an entry (the `file:` store); `None`: nothing survives.
+    pub(crate) journal: Option<Arc<dyn Journal>>,
+}
+
+impl MemoryOptions {
+    /// The default bound and no journal.
+    pub fn new(lifetimes: Lifetimes) -> Self {
+        MemoryOptions {
+            lifetimes,
+            max_memory: DEFAULT_MAX_MEMORY,
+            journal: None,
+        }
+    }
+
+    /// The same options with another bound, in bytes.
+    pub fn max_memory(self, max_memory: u64) -> Self {
+        MemoryOptions { max_memory, ..self }
+    }
 }
 
 /// See the module documentation.
 #[derive(Clone)]
 pub struct MemoryStore {
-    inner: Arc<Inner>,
+    inner: Arc<Table>,
     lifetimes: Lifetimes,
 }
 
 impl MemoryStore {
-    /// Creates the store; inside a tokio runtime it also starts a sweeper that drops
-    /// expired entries once a second, so memory follows retention.
+    /// A store with the default bound and no journal (tests, benches, `demo`).
     pub fn new(lifetimes: Lifetimes) -> Self {
-        let inner = Arc::new(Inner::default());
+        Self::with_options(MemoryOptions::new(lifetimes))
+    }
+
+    /// Creates the store; inside a tokio runtime it also starts a sweeper that drops
+    /// expired entries once a second, a batch per shard lock, so memory follows
+    /// retention and no delivery waits behind a sweep of the whole map.
+    pub fn with_options(options: MemoryOptions) -> Self {
+        let inner = Arc::new(Table::new(options.max_memory, options.journal));
+        let retention = later(0, options.lifetimes.retention);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let weak: Weak<Inner> = Arc::downgrade(&inner);
+            let weak: Weak<Table> = Arc::downgrade(&inner);
             handle.spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     tick.tick().await;
-                    let Some(inner) = weak.upgrade() else { return };
-                    let now = Instant::now();
-                    if let Ok(mut map) = inner.entries.lock() {
-                        map.retain(|_, e| e.expires_at > now || e.live_owner(now).is_some());
+                    let Some(table) = weak.upgrade() else { return };
+                    for i in 0..table.shard_count() {
+                        let mut budget = table.marks(i);
+                        loop {
+                            let (looked, more) = table.sweep_batch(i, unix_millis(), retention);
+                            budget = budget.saturating_sub(looked);
+                            if !more || budget == 0 {
+                                break;
+                            }
+                            tokio::task::yield_now().await;
+                        }
                     }
                 }
             });
         }
-        MemoryStore { inner, lifetimes }
-    }
-
-    /// The journal a `file:` store writes through (none on the memory store).
-    pub(crate) fn journal(&self) -> Option<Arc<dyn journal::Journal>> {
-        None
+        MemoryStore {
+            inner,
+            lifetimes: options.lifetimes,
+        }
     }
 
     /// Number of keys held (for tests and diagnostics).
     pub fn len(&self) -> usize {
-        self.inner.entries.lock().map(|m| m.len()).unwrap_or(0)
+        self.inner.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn with_entries<T>(
-        &self,
-        f: impl FnOnce(&mut HashMap<DeliveryKey, Entry>, Instant) -> T,
-    ) -> Result<T, StoreError> {
-        let mut map = self
+    /// Evictions, the effective dedup window and the bytes held, for the metrics.
+    pub fn bound_stats(&self) -> BoundStats {
+        let now = unix_millis();
+        let retention = later(0, self.lifetimes.retention);
+        let (used_bytes, max_bytes) = self.inner.used();
+        let oldest_age = self
             .inner
-            .entries
-            .lock()
-            .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))?;
-        Ok(f(&mut map, Instant::now()))
+            .oldest_mark()
+            .map(|expires| now.saturating_sub(expires.saturating_sub(retention)))
+            .unwrap_or(0);
+        BoundStats {
+            evictions: self.inner.evictions(),
+            oldest_age: Duration::from_millis(oldest_age),
+            used_bytes,
+            max_bytes,
+        }
+    }
+
+    /// Loads one entry as a journal kept it (`codec` bytes), at start; an expired
+    /// entry is skipped. Not told to the journal (it is where the entry came from).
+    pub fn restore_entry(&self, key: DeliveryKey, encoded: &[u8]) -> Result<(), String> {
+        let entry = codec::decode(encoded)?;
+        let now = unix_millis();
+        if !entry.live(now) {
+            return Ok(());
+        }
+        self.inner
+            .restore(&key, &entry, now)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Changes `key`'s entry (see `Table::update`) and waits until the journal, if
+    /// any, holds the change.
+    async fn change<T>(
+        &self,
+        key: &DeliveryKey,
+        admit: Admit,
+        f: impl FnOnce(&mut Option<Entry>, u64) -> T,
+    ) -> Result<T, StoreError> {
+        let now = unix_millis();
+        let Updated { value, ticket } = self.inner.update(key, now, admit, |e| f(e, now))?;
+        self.durable(ticket).await?;
+        Ok(value)
+    }
+
+    async fn durable(&self, ticket: Option<Ticket>) -> Result<(), StoreError> {
+        match (ticket, self.inner.journal()) {
+            (Some(t), Some(j)) => j.durable(t).await,
+            _ => Ok(()),
+        }
     }
 
     /// Applies `f` to the key's entry if the caller's token owns a live lease.
-    fn owned(
+    async fn owned(
         &self,
         key: &DeliveryKey,
         token: Token,
-        f: impl FnOnce(&mut Entry, Instant),
+        f: impl FnOnce(&mut Entry, u64),
     ) -> Result<bool, StoreError> {
-        self.with_entries(|map, now| match map.get_mut(key) {
+        self.change(key, Admit::Always, |slot, now| match slot {
             Some(e) if e.live_owner(now).map(|(t, _)| t) == Some(token) => {
                 f(e, now);
                 true
             }
             _ => false,
         })
+        .await
     }
 
     /// A provider's claim (with the request to keep, if any), inside the lock.
     fn claim_in(
         &self,
-        map: &mut HashMap<DeliveryKey, Entry>,
-        now: Instant,
-        key: &DeliveryKey,
+        slot: &mut Option<Entry>,
+        now: u64,
         fp: &Fingerprint,
         kept: Option<&crate::store::log::KeptRequest>,
     ) -> Claim {
         let Lifetimes { lease, retention } = self.lifetimes;
-        let ms = unix_millis();
-        if map.get(key).is_some_and(|e| !e.live(now)) {
-            map.remove(key);
-        }
-        let entry = map.entry(key.clone()).or_insert_with(|| {
+        let ms = now;
+        let entry = slot.get_or_insert_with(|| {
             Entry::fresh(Some(*fp), Status::Released, ms, later(now, retention))
         });
         let status = entry.status_at(now);
@@ -251,7 +332,7 @@ impl MemoryStore {
             }
             Some(_) if entry.differs(fp) => Claim::Mismatch,
             Some((_, until)) => Claim::InFlight {
-                remaining: until.saturating_duration_since(now),
+                remaining: Duration::from_millis(until.saturating_sub(now)),
             },
         }
     }
@@ -278,7 +359,7 @@ impl crate::store::log::DeliveryLog for MemoryStore {
     }
 
     async fn forget(&self, key: &DeliveryKey) -> Result<crate::store::log::Forgot, StoreError> {
-        self.forget_key(key)
+        self.forget_key(key).await
     }
 }
 
@@ -290,10 +371,14 @@ impl Store for MemoryStore {
         log: Option<ClaimLog<'_>>,
     ) -> Result<Claim, StoreError> {
         match log {
-            Some(ClaimLog { replay: true, .. }) => self.replay_claim(key, fp),
-            _ => self.with_entries(|map, now| {
-                self.claim_in(map, now, key, fp, log.and_then(|l| l.kept))
-            }),
+            Some(ClaimLog { replay: true, .. }) => self.replay_claim(key, fp).await,
+            _ => {
+                let kept = log.and_then(|l| l.kept);
+                self.change(key, Admit::NewDelivery, |slot, now| {
+                    self.claim_in(slot, now, fp, kept)
+                })
+                .await
+            }
         }
     }
 
@@ -305,6 +390,7 @@ impl Store for MemoryStore {
             // The record lives at least as long as the claim (renew.lua).
             e.expires_at = e.expires_at.max(until);
         })
+        .await
     }
 
     async fn complete(
@@ -316,9 +402,10 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let retention = self.lifetimes.retention;
         self.owned(key, token, |e, now| {
-            e.complete(response, later(now, retention));
+            e.complete(response, now, later(now, retention));
             e.note(settled);
         })
+        .await
     }
 
     /// Recorded when the key is free (absent, released, or a lapsed claim); a live
@@ -331,8 +418,8 @@ impl Store for MemoryStore {
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
         let retention = self.lifetimes.retention;
-        self.with_entries(|map, now| {
-            if let Some(e) = map.get(key).filter(|e| e.live(now)) {
+        self.change(key, Admit::Always, |slot, now| {
+            if let Some(e) = slot {
                 if e.live_owner(now).is_some() || e.differs(fp) {
                     return false;
                 }
@@ -341,17 +428,14 @@ impl Store for MemoryStore {
                     Status::Queued => return false,
                     Status::Processing | Status::Released => {}
                 }
-            } else {
-                map.remove(key);
             }
-            let e = map
-                .entry(key.clone())
-                .or_insert_with(|| Entry::fresh(Some(*fp), Status::Released, unix_millis(), now));
+            let e = slot.get_or_insert_with(|| Entry::fresh(Some(*fp), Status::Released, now, now));
             e.fp = Some(*fp);
-            e.complete(response, later(now, retention));
+            e.complete(response, now, later(now, retention));
             e.note(settled);
             true
         })
+        .await
     }
 
     /// One lock section with the log's fields: no copy can claim in between (nor
@@ -362,14 +446,19 @@ impl Store for MemoryStore {
         token: Token,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| {
-            e.give_up(settled.is_some_and(|s| s.restore_completed));
+        self.owned(key, token, |e, now| {
+            e.give_up(settled.is_some_and(|s| s.restore_completed), now);
             e.note(settled);
         })
+        .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.with_entries(|_, _| ())
+        self.inner.read(&DeliveryKey::new("", ""), |_| ())
+    }
+
+    fn bound_stats(&self) -> Option<BoundStats> {
+        Some(MemoryStore::bound_stats(self))
     }
 }
 
@@ -389,7 +478,7 @@ pub(crate) enum DeliveryLock {
 impl MemoryStore {
     /// Turns the owner's claim into `queued` (the delivery is in the queue) and frees
     /// the claim for the worker; the entry lives the longer of retention and `keep_for`.
-    pub(crate) fn mark_queued(
+    pub(crate) async fn mark_queued(
         &self,
         key: &DeliveryKey,
         token: Token,
@@ -399,29 +488,24 @@ impl MemoryStore {
         self.owned(key, token, |e, now| {
             e.status = Status::Queued;
             e.owner = None;
-            e.last_seen = unix_millis();
+            e.last_seen = now;
             e.expires_at = later(now, keep);
         })
+        .await
     }
 
     /// Claims a queued key for one delivery attempt (fenced like a provider's claim).
-    pub(crate) fn lock_for_delivery(
+    pub(crate) async fn lock_for_delivery(
         &self,
         key: &DeliveryKey,
         keep_for: Duration,
     ) -> Result<DeliveryLock, StoreError> {
         let Lifetimes { lease, retention } = self.lifetimes;
         let keep = retention.max(keep_for);
-        self.with_entries(|map, now| {
-            let ms = unix_millis();
-            if map.get(key).is_some_and(|e| !e.live(now)) {
-                map.remove(key);
-            }
+        self.change(key, Admit::Always, |slot, now| {
             // An expired record comes back without a fingerprint, as deliver_lock.lua
             // re-creates the hash: copies are acknowledged, not refused.
-            let entry = map
-                .entry(key.clone())
-                .or_insert_with(|| Entry::fresh(None, Status::Queued, ms, now));
+            let entry = slot.get_or_insert_with(|| Entry::fresh(None, Status::Queued, now, now));
             if entry.status_at(now) == Status::Completed {
                 return DeliveryLock::Completed;
             }
@@ -431,15 +515,16 @@ impl MemoryStore {
             let token = Token::random();
             entry.status = Status::Queued;
             entry.owner = Some((token, later(now, lease)));
-            entry.last_seen = ms;
+            entry.last_seen = now;
             entry.expires_at = later(now, keep);
             DeliveryLock::Claimed(token)
         })
+        .await
     }
 
     /// Records a queued delivery's completion; the record lives the longer of retention
     /// and `keep_for`, as long as another entry of the key may still be attempted.
-    pub(crate) fn complete_queued(
+    pub(crate) async fn complete_queued(
         &self,
         key: &DeliveryKey,
         token: Token,
@@ -447,11 +532,130 @@ impl MemoryStore {
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
         let keep = self.lifetimes.retention.max(keep_for);
-        self.owned(key, token, |e, now| e.complete(response, later(now, keep)))
+        self.owned(key, token, |e, now| {
+            e.complete(response, now, later(now, keep))
+        })
+        .await
     }
 
     /// Gives a failed attempt's claim up; the key stays `queued` for the next attempt.
-    pub(crate) fn unlock(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        self.owned(key, token, |e, _| e.owner = None)
+    pub(crate) async fn unlock(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
+        self.owned(key, token, |e, _| e.owner = None).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::journal::{Change, Durable, Journal, Ticket};
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A journal that keeps every change in order (what the `file:` store writes).
+    #[derive(Default)]
+    struct Recorded {
+        changes: Mutex<Vec<(DeliveryKey, Option<Vec<u8>>)>>,
+        awaited: Mutex<Vec<Ticket>>,
+    }
+
+    impl Journal for Recorded {
+        fn record(&self, change: Change<'_>) -> Ticket {
+            let Change::Entry { key, entry } = change else {
+                panic!("only entries change here: {change:?}");
+            };
+            let mut changes = self.changes.lock().unwrap();
+            changes.push((key.clone(), entry.map(<[u8]>::to_vec)));
+            changes.len() as Ticket
+        }
+
+        fn durable(&self, ticket: Ticket) -> Durable<'_> {
+            self.awaited.lock().unwrap().push(ticket);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn lifetimes() -> Lifetimes {
+        Lifetimes {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+        }
+    }
+
+    fn answer(body: &'static [u8]) -> StoredResponse {
+        StoredResponse {
+            status: 200,
+            headers: bytes::Bytes::new(),
+            body: bytes::Bytes::from_static(body),
+        }
+    }
+
+    fn journaled(journal: &Arc<Recorded>) -> MemoryStore {
+        let mut options = MemoryOptions::new(lifetimes());
+        options.journal = Some(journal.clone() as Arc<dyn Journal>);
+        MemoryStore::with_options(options)
+    }
+
+    #[tokio::test]
+    async fn every_change_reaches_the_journal_and_a_new_store_loads_it_back() {
+        let journal = Arc::new(Recorded::default());
+        let store = journaled(&journal);
+        let (a, b) = (DeliveryKey::new("r", "a"), DeliveryKey::new("r", "b"));
+        let Claim::Claimed(t) = store.claim(&a, &[1; 32], None).await.unwrap() else {
+            panic!("claimed")
+        };
+        assert!(store.complete(&a, t, &answer(b"ok"), None).await.unwrap());
+        // A copy answered from the store changes the duplicates count: recorded too.
+        store.claim(&a, &[1; 32], None).await.unwrap();
+        let Claim::Claimed(_) = store.claim(&b, &[2; 32], None).await.unwrap() else {
+            panic!("claimed")
+        };
+        // A call that changes nothing (not the owner) records nothing.
+        assert!(!store.renew(&b, Token([0; 16])).await.unwrap());
+        let changes = journal.changes.lock().unwrap().clone();
+        let keys: Vec<&str> = changes.iter().map(|(k, _)| k.key.as_str()).collect();
+        assert_eq!(keys, ["a", "a", "a", "b"]);
+        // Each mutating call waited for its own change to be durable.
+        assert_eq!(*journal.awaited.lock().unwrap(), [1, 2, 3, 4]);
+
+        let reloaded = MemoryStore::new(lifetimes());
+        for (key, entry) in &changes {
+            reloaded
+                .restore_entry(key.clone(), entry.as_deref().unwrap())
+                .unwrap();
+        }
+        assert_eq!(
+            reloaded.claim(&a, &[1; 32], None).await.unwrap(),
+            Claim::Completed(answer(b"ok"))
+        );
+        assert!(matches!(
+            reloaded.claim(&b, &[2; 32], None).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+        let log = reloaded.read_log_entry(&a).unwrap().unwrap();
+        assert_eq!((log.attempts, log.duplicates), (1, 2));
+
+        assert_eq!(
+            store.forget_key(&a).await.unwrap(),
+            crate::store::log::Forgot::Forgotten
+        );
+        let last = journal.changes.lock().unwrap().last().cloned().unwrap();
+        assert_eq!((last.0.key.as_str(), last.1), ("a", None));
+    }
+
+    #[tokio::test]
+    async fn an_expired_entry_is_not_loaded() {
+        let store = MemoryStore::new(lifetimes());
+        let mut gone = Entry::fresh(Some([1; 32]), Status::Completed, 1, 2);
+        gone.response = Some(answer(b"old"));
+        let mut bytes = Vec::new();
+        codec::encode(&gone, &mut bytes);
+        store
+            .restore_entry(DeliveryKey::new("r", "old"), &bytes)
+            .unwrap();
+        assert!(store.is_empty());
+        assert!(
+            store
+                .restore_entry(DeliveryKey::new("r", "x"), b"\x09")
+                .is_err()
+        );
     }
 }

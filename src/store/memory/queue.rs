@@ -5,8 +5,8 @@
 //! so it survives a restart (who holds an entry does not: all are free again).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::DeliveryLock;
@@ -128,10 +128,16 @@ pub struct MemoryQueue {
 
 impl MemoryQueue {
     pub fn new(store: MemoryStore) -> MemoryQueue {
+        Self::with_journal(store, None)
+    }
+
+    /// The queue of a `file:` store: its changes go to the store's journal.
+    pub(crate) fn with_journal(
+        store: MemoryStore,
+        journal: Option<Arc<dyn Journal>>,
+    ) -> MemoryQueue {
         MemoryQueue {
-            journal: Journaled {
-                journal: store.journal(),
-            },
+            journal: Journaled { journal },
             store,
             state: Mutex::default(),
             jobs: Mutex::default(),
@@ -213,7 +219,11 @@ impl MemoryQueue {
     pub(crate) fn restore_dead(&self, route: &str, id: Id, dead: DeadLetter) {
         self.bump_seq(id);
         let _ = self.with(|s| {
-            s.routes.entry(route.to_string()).or_default().dead.insert(id, dead);
+            s.routes
+                .entry(route.to_string())
+                .or_default()
+                .dead
+                .insert(id, dead);
         });
     }
 
@@ -267,7 +277,7 @@ impl QueueBackend for MemoryQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
         // A new entry has no count yet: nothing to reset.
-        Self::ready(self.store.mark_queued(key, token, keep_for))
+        Box::pin(self.store.mark_queued(key, token, keep_for))
     }
 
     fn release<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
@@ -357,30 +367,27 @@ impl QueueBackend for MemoryQueue {
         keep_for: Duration,
     ) -> StoreFuture<'a, Lock> {
         let entry_id = parse(id).unwrap_or_default();
-        let r = self
-            .store
-            .lock_for_delivery(key, keep_for)
-            .and_then(|l| match l {
-                DeliveryLock::Completed => Ok((Lock::Completed, None)),
-                DeliveryLock::Busy => Ok((Lock::Busy, None)),
-                DeliveryLock::Claimed(token) => self.with(|s| {
-                    let a = s.attempts.entry(key.clone()).or_default();
-                    a.last = entry_id;
-                    let n = a.counts.entry(entry_id).or_default();
-                    *n += 1;
-                    let t = self.journal.note(Change::Attempts {
-                        key,
-                        id: entry_id,
-                        count: Some(*n),
-                    });
-                    (Lock::Claimed { token, attempt: *n }, t)
-                }),
-            });
-        match r {
-            Ok((lock, Some(t))) => self.after(t, lock),
-            Ok((lock, None)) => Self::ready(Ok(lock)),
-            Err(e) => Self::ready(Err(e)),
-        }
+        Box::pin(async move {
+            match self.store.lock_for_delivery(key, keep_for).await? {
+                DeliveryLock::Completed => Ok(Lock::Completed),
+                DeliveryLock::Busy => Ok(Lock::Busy),
+                DeliveryLock::Claimed(token) => {
+                    self.durably(|s, j| {
+                        let a = s.attempts.entry(key.clone()).or_default();
+                        a.last = entry_id;
+                        let n = a.counts.entry(entry_id).or_default();
+                        *n += 1;
+                        let t = j.note(Change::Attempts {
+                            key,
+                            id: entry_id,
+                            count: Some(*n),
+                        });
+                        (Lock::Claimed { token, attempt: *n }, t)
+                    })
+                    .await
+                }
+            }
+        })
     }
 
     fn renew<'a>(&'a self, key: &'a DeliveryKey, token: Token) -> StoreFuture<'a, bool> {
@@ -393,24 +400,27 @@ impl QueueBackend for MemoryQueue {
         token: Token,
         refund: bool,
     ) -> StoreFuture<'a, bool> {
-        let r = self.store.unlock(key, token);
-        if refund && matches!(r, Ok(true)) {
-            return self.durably(|s, j| {
-                let mut t = None;
-                if let Some(a) = s.attempts.get_mut(key)
-                    && let Some(n) = a.counts.get_mut(&a.last)
-                {
-                    *n = n.saturating_sub(1);
-                    t = j.note(Change::Attempts {
-                        key,
-                        id: a.last,
-                        count: Some(*n),
-                    });
-                }
-                (true, t)
-            });
-        }
-        Self::ready(r)
+        Box::pin(async move {
+            let r = self.store.unlock(key, token).await;
+            if refund && matches!(r, Ok(true)) {
+                self.durably(|s, j| {
+                    let mut t = None;
+                    if let Some(a) = s.attempts.get_mut(key)
+                        && let Some(n) = a.counts.get_mut(&a.last)
+                    {
+                        *n = n.saturating_sub(1);
+                        t = j.note(Change::Attempts {
+                            key,
+                            id: a.last,
+                            count: Some(*n),
+                        });
+                    }
+                    ((), t)
+                })
+                .await?;
+            }
+            r
+        })
     }
 
     fn complete<'a>(
@@ -420,7 +430,7 @@ impl QueueBackend for MemoryQueue {
         response: &'a StoredResponse,
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        // The store's completion is journaled after these: awaiting it awaits them.
+        // The store's completion is journaled after these and awaited: that awaits them.
         let _ = self.with(|s| {
             let counts = s.attempts.remove(key).map(|a| a.counts).unwrap_or_default();
             for id in counts.into_keys() {
@@ -431,7 +441,7 @@ impl QueueBackend for MemoryQueue {
                 });
             }
         });
-        Self::ready(self.store.complete_queued(key, token, response, keep_for))
+        Box::pin(self.store.complete_queued(key, token, response, keep_for))
     }
 
     fn done<'a>(

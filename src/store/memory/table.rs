@@ -1,0 +1,419 @@
+//! The memory store's entries: sharded, so no lock covers the whole map; each entry one
+//! exact-size record (key + encoded entry, `codec`); bounded by bytes, the oldest
+//! settled deliveries forgotten first; swept of expired entries a batch at a time.
+//!
+//! Each shard keeps its entries' *marks* in the order their expiry was last set (a
+//! completion, a claim): the front is the oldest. Eviction and the sweeper pop marks
+//! from the front; a mark whose entry changed since is stale and dropped; a mark of a
+//! delivery being processed or queued goes to the back (never evicted).
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
+
+use super::codec;
+use super::journal::{Change, Journal, Ticket};
+use crate::store::{DeliveryKey, StoreError};
+
+/// Shards of the map: enough that 2 × cores of concurrent deliveries seldom meet.
+const SHARDS: usize = 64;
+/// Marks one eviction looks at, at most, under a shard's lock.
+const EVICT_LOOK: usize = 256;
+/// Marks the sweeper handles per lock hold.
+const SWEEP_BATCH: usize = 512;
+/// Bytes one entry costs beyond its record: its table slot and control byte, its mark,
+/// and the allocator's header.
+pub(super) const ENTRY_OVERHEAD: u64 = 48;
+
+/// One entry's place in its shard's age order.
+#[derive(Clone, Copy)]
+struct Mark {
+    hash: u64,
+    /// The entry's expiry when the mark was made: a different one now means stale.
+    expires: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    records: HashTable<Box<[u8]>>,
+    marks: VecDeque<Mark>,
+}
+
+/// Whether a new entry may push older ones out or be refused when the bound is reached.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admit {
+    /// A new delivery: evict settled ones for it, or refuse it (`StoreError::Full`).
+    NewDelivery,
+    /// A change the caller was promised (a completion, the queue's record): evict
+    /// what can be evicted, never refuse.
+    Always,
+}
+
+/// What an update did, for the caller to wait on the journal.
+pub(super) struct Updated<T> {
+    pub value: T,
+    pub ticket: Option<Ticket>,
+}
+
+/// The store's entries; see the module documentation.
+pub(super) struct Table {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    /// Bytes the entries cost (records + `ENTRY_OVERHEAD` each).
+    used: AtomicU64,
+    max: u64,
+    evictions: AtomicU64,
+    journal: Option<Arc<dyn Journal>>,
+}
+
+fn cost(record: &[u8]) -> u64 {
+    record.len() as u64 + ENTRY_OVERHEAD
+}
+
+fn entry_part(record: &[u8]) -> &[u8] {
+    codec::split_record(record).map_or(&[][..], |(_, _, e)| e)
+}
+
+fn head_of(record: &[u8]) -> Option<codec::Head> {
+    codec::head(entry_part(record)).ok()
+}
+
+fn corrupt(e: String) -> StoreError {
+    StoreError::Unavailable(format!("memory store entry unreadable: {e}"))
+}
+
+impl Table {
+    pub(super) fn new(max: u64, journal: Option<Arc<dyn Journal>>) -> Table {
+        Table {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            used: AtomicU64::new(0),
+            max,
+            evictions: AtomicU64::new(0),
+            journal,
+        }
+    }
+
+    fn hash(&self, route: &[u8], key: &[u8]) -> u64 {
+        self.hasher.hash_one((route, key))
+    }
+
+    fn hash_record(&self, record: &[u8]) -> u64 {
+        match codec::split_record(record) {
+            Ok((route, key, _)) => self.hash(route, key),
+            Err(_) => 0,
+        }
+    }
+
+    /// The shard of a hash, from mixed bits: the table's own bucket and tag bits
+    /// stay spread within each shard.
+    fn shard(&self, hash: u64) -> Result<MutexGuard<'_, Shard>, StoreError> {
+        let i = (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
+        self.shards[i]
+            .lock()
+            .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))
+    }
+
+    fn record(&self, route: &[u8], key: &[u8], entry: Option<&[u8]>) -> Option<Ticket> {
+        let journal = self.journal.as_ref()?;
+        let key = DeliveryKey::new(
+            String::from_utf8_lossy(route).as_ref(),
+            String::from_utf8_lossy(key).into_owned(),
+        );
+        Some(journal.record(Change::Entry { key: &key, entry }))
+    }
+
+    pub(super) fn journal(&self) -> Option<&dyn Journal> {
+        self.journal.as_deref()
+    }
+
+    /// Bytes the entries cost now, and the bound.
+    pub(super) fn used(&self) -> (u64, u64) {
+        (self.used.load(Ordering::Relaxed), self.max)
+    }
+
+    /// Deliveries forgotten to keep the bound, since start.
+    pub(super) fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Reads `key`'s entry (live or not) without changing it.
+    pub(super) fn read<T>(
+        &self,
+        key: &DeliveryKey,
+        f: impl FnOnce(Option<super::Entry>) -> T,
+    ) -> Result<T, StoreError> {
+        let (route, k) = (key.route.as_bytes(), key.key.as_bytes());
+        let hash = self.hash(route, k);
+        let shard = self.shard(hash)?;
+        let entry = shard
+            .records
+            .find(hash, |r| matches_key(r, route, k))
+            .map(|r| codec::decode(entry_part(r)))
+            .transpose()
+            .map_err(corrupt)?;
+        Ok(f(entry))
+    }
+
+    /// Calls `f` with every entry of every shard (one shard locked at a time) whose
+    /// route passes `route`.
+    pub(super) fn scan(
+        &self,
+        route: impl Fn(&str) -> bool,
+        mut f: impl FnMut(DeliveryKey, super::Entry),
+    ) -> Result<(), StoreError> {
+        for shard in self.shards.iter() {
+            let shard = shard
+                .lock()
+                .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))?;
+            for r in shard.records.iter() {
+                let (rt, k, e) = codec::split_record(r).map_err(corrupt)?;
+                let rt = std::str::from_utf8(rt).map_err(|e| corrupt(e.to_string()))?;
+                if !route(rt) {
+                    continue;
+                }
+                let k = std::str::from_utf8(k).map_err(|e| corrupt(e.to_string()))?;
+                f(DeliveryKey::new(rt, k), codec::decode(e).map_err(corrupt)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Changes `key`'s entry under its shard's lock: `f` sees the entry if it is
+    /// live (an expired one as `None`) and leaves it as it should be (`None`:
+    /// forgotten). A real change is written back as a new exact-size record, gets a
+    /// mark when its expiry moved, and is told to the journal under the same lock.
+    pub(super) fn update<T>(
+        &self,
+        key: &DeliveryKey,
+        now: u64,
+        admit: Admit,
+        f: impl FnOnce(&mut Option<super::Entry>) -> T,
+    ) -> Result<Updated<T>, StoreError> {
+        let (route, k) = (key.route.as_bytes(), key.key.as_bytes());
+        let hash = self.hash(route, k);
+        let mut guard = self.shard(hash)?;
+        let shard = &mut *guard;
+        let mut ticket = None;
+        // The live entry's expiry before `f` (None: no live entry).
+        let mut before: Option<u64> = None;
+        let mut entry = None;
+        if let Ok(found) = shard.records.find_entry(hash, |r| matches_key(r, route, k)) {
+            let e = codec::decode(entry_part(found.get())).map_err(corrupt)?;
+            if e.live(now) {
+                before = Some(e.expires_at);
+                entry = Some(e);
+            } else {
+                let (old, _) = found.remove();
+                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                ticket = self.record(route, k, None);
+            }
+        }
+        let value = f(&mut entry);
+        let found = shard.records.find_entry(hash, |r| matches_key(r, route, k));
+        let Some(e) = entry else {
+            if let Ok(found) = found {
+                let (old, _) = found.remove();
+                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                ticket = self.record(route, k, None);
+            }
+            return Ok(Updated { value, ticket });
+        };
+        let mut record = Vec::with_capacity(route.len() + k.len() + 96);
+        codec::encode_key(&key.route, &key.key, &mut record);
+        let at = record.len();
+        codec::encode(&e, &mut record);
+        if let Ok(mut found) = found {
+            if entry_part(found.get()) == &record[at..] {
+                return Ok(Updated { value, ticket });
+            }
+            let record = record.into_boxed_slice();
+            ticket = self.record(route, k, Some(&record[at..]));
+            self.used.fetch_add(cost(&record), Ordering::Relaxed);
+            let old = std::mem::replace(found.get_mut(), record);
+            self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+            if before != Some(e.expires_at) {
+                shard.marks.push_back(Mark {
+                    hash,
+                    expires: e.expires_at,
+                });
+            }
+            self.make_room(shard, hash, now, 0);
+            return Ok(Updated { value, ticket });
+        }
+        let record = record.into_boxed_slice();
+        if !self.make_room(shard, hash, now, cost(&record)) && admit == Admit::NewDelivery {
+            return Err(StoreError::Full);
+        }
+        self.used.fetch_add(cost(&record), Ordering::Relaxed);
+        ticket = self.record(route, k, Some(&record[at..]));
+        shard
+            .records
+            .insert_unique(hash, record, |r| self.hash_record(r));
+        shard.marks.push_back(Mark {
+            hash,
+            expires: e.expires_at,
+        });
+        Ok(Updated { value, ticket })
+    }
+
+    /// Loads one entry at start (`MemoryStore::restore_entry`): no journal, no refusal.
+    pub(super) fn restore(
+        &self,
+        key: &DeliveryKey,
+        e: &super::Entry,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let (route, k) = (key.route.as_bytes(), key.key.as_bytes());
+        let hash = self.hash(route, k);
+        let mut guard = self.shard(hash)?;
+        let shard = &mut *guard;
+        if let Ok(found) = shard.records.find_entry(hash, |r| matches_key(r, route, k)) {
+            let (old, _) = found.remove();
+            self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+        }
+        let mut record = Vec::new();
+        codec::encode_key(&key.route, &key.key, &mut record);
+        codec::encode(e, &mut record);
+        let record = record.into_boxed_slice();
+        self.make_room(shard, hash, now, cost(&record));
+        self.used.fetch_add(cost(&record), Ordering::Relaxed);
+        shard
+            .records
+            .insert_unique(hash, record, |r| self.hash_record(r));
+        shard.marks.push_back(Mark {
+            hash,
+            expires: e.expires_at,
+        });
+        Ok(())
+    }
+
+    /// Evicts the shard's oldest settled entries until `need` more bytes fit under
+    /// the bound (looking at `EVICT_LOOK` marks at most). False when they do not.
+    fn make_room(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
+        let mut looked = 0;
+        while self.used.load(Ordering::Relaxed) + need > self.max {
+            if looked >= EVICT_LOOK || shard.marks.is_empty() {
+                return false;
+            }
+            looked += 1;
+            let Some(m) = shard.marks.pop_front() else {
+                return false;
+            };
+            let found = shard.records.find_entry(m.hash, |r| {
+                head_of(r).is_some_and(|h| h.expires_at == m.expires)
+            });
+            let Ok(found) = found else { continue };
+            let Some(h) = head_of(found.get()) else {
+                continue;
+            };
+            if h.protected(now) || (m.hash == keep && h.live(now)) {
+                shard.marks.push_back(m);
+                continue;
+            }
+            let (old, _) = found.remove();
+            self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+            if h.live(now) {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Ok((route, key, _)) = codec::split_record(&old) {
+                self.record(route, key, None);
+            }
+        }
+        true
+    }
+
+    /// Drops the expired entries at the front of shard `i` (a batch per lock hold)
+    /// and returns how many marks it looked at. A live mark stops it, unless its
+    /// expiry lies beyond `now + retention` (a queued delivery kept longer): that one
+    /// goes to the back so it does not hold the others.
+    pub(super) fn sweep_batch(&self, i: usize, now: u64, retention: u64) -> (usize, bool) {
+        let Ok(mut guard) = self.shards[i].lock() else {
+            return (0, false);
+        };
+        let shard = &mut *guard;
+        for looked in 0..SWEEP_BATCH {
+            let Some(m) = shard.marks.front().copied() else {
+                return (looked, false);
+            };
+            let found = shard.records.find_entry(m.hash, |r| {
+                head_of(r).is_some_and(|h| h.expires_at == m.expires)
+            });
+            let Ok(found) = found else {
+                shard.marks.pop_front();
+                continue;
+            };
+            let Some(h) = head_of(found.get()) else {
+                shard.marks.pop_front();
+                continue;
+            };
+            if !h.live(now) {
+                shard.marks.pop_front();
+                let (old, _) = found.remove();
+                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                if let Ok((route, key, _)) = codec::split_record(&old) {
+                    self.record(route, key, None);
+                }
+            } else if m.expires > now.saturating_add(retention) || h.protected(now) {
+                shard.marks.pop_front();
+                shard.marks.push_back(m);
+            } else {
+                return (looked + 1, false);
+            }
+        }
+        (SWEEP_BATCH, true)
+    }
+
+    pub(super) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Marks shard `i` holds (the sweeper's budget per round).
+    pub(super) fn marks(&self, i: usize) -> usize {
+        self.shards[i].lock().map(|s| s.marks.len()).unwrap_or(0)
+    }
+
+    /// The expiry of the oldest remembered entry's last settlement over all shards
+    /// (stale marks at a front are dropped on the way).
+    pub(super) fn oldest_mark(&self) -> Option<u64> {
+        let mut oldest: Option<u64> = None;
+        for shard in self.shards.iter() {
+            let Ok(mut guard) = shard.lock() else {
+                continue;
+            };
+            let shard = &mut *guard;
+            for _ in 0..EVICT_LOOK {
+                let Some(m) = shard.marks.front().copied() else {
+                    break;
+                };
+                if shard
+                    .records
+                    .find(m.hash, |r| {
+                        head_of(r).is_some_and(|h| h.expires_at == m.expires)
+                    })
+                    .is_some()
+                {
+                    oldest = Some(oldest.map_or(m.expires, |o| o.min(m.expires)));
+                    break;
+                }
+                shard.marks.pop_front();
+            }
+        }
+        oldest
+    }
+
+    /// Number of entries held (expired ones not yet swept included).
+    pub(super) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map(|s| s.records.len()).unwrap_or(0))
+            .sum()
+    }
+}
+
+fn matches_key(record: &[u8], route: &[u8], key: &[u8]) -> bool {
+    codec::split_record(record).is_ok_and(|(r, k, _)| r == route && k == key)
+}
