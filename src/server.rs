@@ -95,10 +95,11 @@ pub async fn run(
                 StoreUrl::File(dir) => crate::store::file::open(dir, config.store.fsync, options)?,
                 _ => {
                     let store = MemoryStore::with_options(options);
-                    let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));
+                    let queue = crate::store::MemoryQueue::new(store.clone());
                     (store, queue)
                 }
             };
+            let queue = Arc::new(queue);
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let store = Breaker::new(

@@ -425,6 +425,15 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod file_pacing {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let f = crate::common::file_store::FileStore::open(super::lifetimes());
+                    super::$case(f.queue).await;
+                }
+            )*
+        }
     };
 }
 

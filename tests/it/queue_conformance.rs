@@ -494,6 +494,21 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod file_queue {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let f = crate::common::file_store::FileStore::open($lifetimes);
+                    super::$case(Fixture {
+                        queue: f.queue,
+                        store: f.store,
+                        _redis: None,
+                    })
+                    .await;
+                }
+            )*
+        }
     };
 }
 

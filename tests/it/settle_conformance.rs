@@ -111,6 +111,16 @@ macro_rules! settle_conformance {
                 }
             )*
         }
+        mod file {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let f = crate::common::file_store::FileStore::open(SHORT_LEASE);
+                    super::$case(f.store.clone()).await;
+                }
+            )*
+        }
         mod redis {
             use super::*;
             $(

@@ -329,6 +329,16 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod file {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let f = crate::common::file_store::FileStore::open($lifetimes);
+                    super::$case(f.store.clone()).await;
+                }
+            )*
+        }
         mod redis {
             use super::*;
             $(

@@ -584,6 +584,23 @@ macro_rules! both {
                 }
             )*
         }
+        mod file {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let f = crate::common::file_store::FileStore::open($lifetimes);
+                    super::$case(f.store.clone()).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $qcase() {
+                    let f = crate::common::file_store::FileStore::open($qlifetimes);
+                    super::$qcase(f.store.clone(), f.queue).await;
+                }
+            )*
+        }
         mod redis {
             use super::*;
             $(

@@ -83,14 +83,14 @@ pub fn open(
     dir: &Path,
     fsync: FsyncPolicy,
     options: MemoryOptions,
-) -> Result<(MemoryStore, Arc<MemoryQueue>), StoreError> {
+) -> Result<(MemoryStore, MemoryQueue), StoreError> {
     let mut files = FileDir::open(dir)?;
     let journal: Arc<dyn Journal> = Arc::new(files.start_journal(fsync)?);
     let store = MemoryStore::with_options(MemoryOptions {
         journal: Some(journal.clone()),
         ..options
     });
-    let queue = Arc::new(MemoryQueue::with_journal(store.clone(), Some(journal)));
+    let queue = MemoryQueue::with_journal(store.clone(), Some(journal));
     let mut refused = None;
     let loaded = files.load(|r| match r {
         Restored::Entry(key, bytes) => {

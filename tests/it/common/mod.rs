@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod browser;
 pub mod cluster;
+pub mod file_store;
 pub mod injector;
 pub mod load;
 pub mod monitor;
