@@ -138,6 +138,13 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig => match idemgate::providers::load(cli.config.as_deref()) {
             Ok((config, _routes)) => {
+                // A `file:` store's directory must be creatable, writable and free.
+                if let idemgate::config::StoreUrl::File(dir) = &config.store.url
+                    && let Err(e) = idemgate::store::file::check_dir(dir)
+                {
+                    eprintln!("invalid configuration: store.url: {e}");
+                    return ExitCode::from(1);
+                }
                 print!("{}", config.redacted_toml());
                 if let Some(w) = config.memory_store_warning() {
                     eprintln!("note: {w}");

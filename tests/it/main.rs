@@ -16,6 +16,7 @@ mod e2e_concurrency;
 mod e2e_console;
 mod e2e_console_ops;
 mod e2e_faults;
+mod e2e_file_store;
 mod e2e_harness;
 mod e2e_hostile;
 mod e2e_hostile_listeners;
