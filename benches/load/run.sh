@@ -12,6 +12,7 @@
 #   DURATION=2 benches/load/run.sh      # a smoke run (CI)
 #   PEER=0 benches/load/run.sh          # without the nginx + Lua + Redis peer
 #   PEER_WORKERS=1 benches/load/run.sh  # the peer with one nginx worker (default: auto)
+#   FSYNC=250ms benches/load/run.sh     # the file store row with store.fsync = "250ms" (default: always)
 #
 # The peer needs Debian's libnginx-mod-http-lua, lua-nginx-redis and lua-nginx-string;
 # they are installed when missing, and where that fails its rows are skipped (said so,
@@ -42,8 +43,8 @@ if [ -n "$peer_skip" ]; then
 fi
 
 cargo build --release --quiet --bin idemgate --example loadgen
-BIN=target/release/idemgate
-LOADGEN=target/release/examples/loadgen
+BIN=${CARGO_TARGET_DIR:-target}/release/idemgate
+LOADGEN=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
 
 start_redis
 
@@ -58,7 +59,14 @@ start_idemgate() {
   redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
   local url="redis://127.0.0.1:$REDIS_PORT/0"
   [ "${IG_STORE:-redis}" = memory ] && url=""
+  # The file store: a new directory each start, fsynced as FSYNC says.
+  if [ "${IG_STORE:-redis}" = file ]; then
+    rm -rf "$work/file-store"; url="file:$work/file-store"
+  fi
   idemgate_config "$work/idemgate.toml" "$IG_PORT" "$IG_ADMIN" "$url"
+  if [ "${IG_STORE:-redis}" = file ]; then
+    sed -i "/^url = /a fsync = \"${FSYNC:-always}\"" "$work/idemgate.toml"
+  fi
   IDEMGATE_LOG=${IDEMGATE_LOG:-info} "$BIN" run --config "$work/idemgate.toml" >/dev/null 2>"$work/idemgate.log" &
   IG_PID=$!
   pids+=("$IG_PID")
@@ -133,6 +141,7 @@ measure_idemgate ig_first "idemgate, first deliveries" "$work/fresh"
 measure_idemgate ig_half "idemgate, ${DUP_SHARE} duplicates" "$work/half"
 measure_idemgate ig_copies "idemgate, ${COPY_SHARE} duplicates" "$work/copies"
 IG_STORE=memory measure_idemgate ig_memory "idemgate, memory store, first deliveries" "$work/fresh"
+IG_STORE=file measure_idemgate ig_file "idemgate, file store (fsync = ${FSYNC:-always}), first deliveries" "$work/fresh"
 
 # Fixed rate: the latency idemgate adds over direct at a moderate rate.
 fr_direct=$("$LOADGEN" "http://127.0.0.1:$UP_PORT/webhooks/load" "$RATE" "$RATE_SECONDS" "$SECRET")
@@ -148,11 +157,12 @@ echo "|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| ${r//|/ | } |"; done
 echo
 python3 - "${rps_of[proxy]}" "${rps_of[proxy_copies]}" "${rps_of[ig_first]}" "${rps_of[ig_half]}" "${rps_of[ig_copies]}" \
-  "${rps_of[peer_first]:-0}" "${rps_of[peer_half]:-0}" "${rps_of[peer_copies]:-0}" "$peer_skip" "$DUP_SHARE" "$COPY_SHARE" <<'PY'
+  "${rps_of[peer_first]:-0}" "${rps_of[peer_half]:-0}" "${rps_of[peer_copies]:-0}" "${rps_of[ig_file]}" "$peer_skip" "$DUP_SHARE" "$COPY_SHARE" <<'PY'
 import sys
-p, pc, f, h, c, pf, ph, pcp = map(float, sys.argv[1:9])
-skip, dup, copies = sys.argv[9:]
+p, pc, f, h, c, pf, ph, pcp, fs = map(float, sys.argv[1:10])
+skip, dup, copies = sys.argv[10:]
 print(f"ratio idemgate / nginx-proxy: first deliveries {f/p:.2f} (target >= 0.6), {dup} duplicates {h/p:.2f} (target >= 0.75), {copies} duplicates {c/pc:.2f} (target >= 1.0)")
+print(f"ratio file store / Redis store, first deliveries: {fs/f:.2f} (target >= 0.7)")
 if skip:
     print(f"ratio idemgate / peer: skipped ({skip})")
 else:
