@@ -89,7 +89,9 @@ pub async fn run(
     };
     match &config.store.url {
         StoreUrl::Memory => {
-            let store = MemoryStore::new(lifetimes);
+            let store = MemoryStore::with_options(
+                crate::store::MemoryOptions::new(lifetimes).max_memory(config.store.max_memory),
+            );
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));
