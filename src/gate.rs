@@ -524,14 +524,29 @@ impl<S: Store> Gate<S> {
         upstream_key: Option<HeaderValue>,
         err: StoreError,
     ) -> (Outcome, Answer) {
-        if matches!(err, StoreError::CircuitOpen) {
+        match err {
             // The breaker logged its opening once; a line per refused delivery would
             // flood the log at the moment it matters.
-            tracing::debug!(route = &*route.name, error = %err, "store unavailable");
-        } else {
-            tracing::warn!(route = &*route.name, error = %err, "store unavailable");
+            StoreError::CircuitOpen => {
+                tracing::debug!(route = &*route.name, error = %err, "store unavailable")
+            }
+            // One line a second says why; the refusals themselves are counted
+            // (`outcome="store_unavailable"`).
+            StoreError::Full if full_logged_now() => tracing::warn!(
+                route = &*route.name,
+                error = %err,
+                "store full: new deliveries refused with 503 until settled ones can be forgotten"
+            ),
+            StoreError::Full => tracing::debug!(route = &*route.name, error = %err, "store full"),
+            _ => tracing::warn!(route = &*route.name, error = %err, "store unavailable"),
         }
-        match self.on_error {
+        // A full store answers: forwarding past it (`on_error = "pass"`) would drop the
+        // very de-duplication that is short of room, so a new delivery waits instead.
+        let on_error = match err {
+            StoreError::Full => OnStoreError::Reject,
+            _ => self.on_error,
+        };
+        match on_error {
             OnStoreError::Reject => {
                 let r = ErrorAnswer::new(
                     Outcome::StoreUnavailable,
@@ -636,4 +651,12 @@ impl<S: Store> Gate<S> {
             }
         }
     }
+}
+
+/// Whether this "store full" refusal is the first of its second (the others are
+/// logged at debug level, so a full store does not flood the log).
+fn full_logged_now() -> bool {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = crate::store::unix_millis() / 1000;
+    LAST.swap(now, std::sync::atomic::Ordering::Relaxed) != now
 }

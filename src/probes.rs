@@ -61,6 +61,9 @@ pub async fn handle<S: Store, B>(
             metrics
                 .store_circuit_open
                 .set(i64::from(store.circuit_open()));
+            if let Some(stats) = store.bound_stats() {
+                metrics.store_bound(stats.evictions, stats.oldest_age);
+            }
             let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
             r.headers_mut().insert(
                 CONTENT_TYPE,

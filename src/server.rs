@@ -89,7 +89,7 @@ pub async fn run(
     };
     match &config.store.url {
         StoreUrl::Memory | StoreUrl::File(_) => {
-            let options = MemoryOptions::new(lifetimes);
+            let options = MemoryOptions::new(lifetimes).max_memory(config.store.max_memory);
             // The `file:` store is the memory store journaled to its directory.
             let (store, queue) = match &config.store.url {
                 StoreUrl::File(dir) => crate::store::file::open(dir, config.store.fsync, options)?,

@@ -160,6 +160,9 @@ pub struct OperatorToken {
 /// The shortest `admin_token` accepted: a guessable token would open the operator API.
 pub const OPERATOR_TOKEN_MIN_LEN: usize = 16;
 
+/// Default `store.max_memory`: 128 MiB, within a sidecar's usual memory limit.
+pub const DEFAULT_MAX_MEMORY: u64 = 128 * 1024 * 1024;
+
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     Memory,
@@ -209,6 +212,9 @@ pub struct StoreConfig {
     /// How long an open breaker answers without asking the store before it lets one
     /// probe through.
     pub breaker_cooldown: Duration,
+    /// Bytes the in-process store's entries may take before the oldest settled ones
+    /// are forgotten (`store.max_memory`).
+    pub max_memory: u64,
 }
 
 /// What a delivery gets when the store cannot be reached.

@@ -41,6 +41,7 @@ pub(super) struct RawStore {
     pub(super) breaker_threshold: Option<toml::Value>,
     pub(super) breaker_cooldown: Option<String>,
     pub(super) fsync: Option<String>,
+    pub(super) max_memory: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

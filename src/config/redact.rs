@@ -78,6 +78,13 @@ impl Config {
             }
         }
         let _ = writeln!(out, "key_prefix = {}", q(&self.store.key_prefix));
+        if self.store.url == StoreUrl::Memory {
+            let _ = writeln!(
+                out,
+                "max_memory = {}",
+                q(&self.store.max_memory.to_string())
+            );
+        }
         let _ = writeln!(out, "timeout = {}", q(&d(self.store.timeout)));
         let on_error = match self.store.on_error {
             OnStoreError::Reject => "reject",

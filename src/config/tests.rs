@@ -123,6 +123,26 @@ fn environment_overrides_the_file() {
     );
 }
 
+#[test]
+fn the_memory_store_is_bounded_by_max_memory() {
+    let c = Config::from_toml_with_env("", env_none).unwrap();
+    assert_eq!(c.store.max_memory, 128 * 1024 * 1024);
+    let c = Config::from_toml_with_env(
+        "[store]\nurl = \"memory\"\nmax_memory = \"64MiB\"",
+        env_none,
+    )
+    .unwrap();
+    assert_eq!(c.store.max_memory, 64 * 1024 * 1024);
+    assert!(c.redacted_toml().contains("max_memory = \"67108864\""));
+    for bad in ["\"lots\"", "\"0\"", "\"512KiB\"", "\"1TB\"", "\"1\""] {
+        let e = err(&format!("[store]\nurl = \"memory\"\nmax_memory = {bad}"));
+        assert_eq!(e.field, "store.max_memory", "{bad}: {e}");
+    }
+    let e = err("[store]\nurl = \"redis://127.0.0.1/0\"\nmax_memory = \"64MiB\"");
+    assert_eq!(e.field, "store.max_memory");
+    assert!(e.to_string().contains("maxmemory"), "{e}");
+}
+
 fn err(text: &str) -> ConfigError {
     Config::from_toml_with_env(text, env_none).unwrap_err()
 }

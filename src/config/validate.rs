@@ -88,6 +88,8 @@ fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, C
 
 /// The most deliveries per second `rate` (and `burst`) accept.
 const MAX_RATE: f64 = 1_000_000.0;
+/// The smallest `store.max_memory`: a few thousand deliveries.
+const MIN_MAX_MEMORY: u64 = 1024 * 1024;
 
 /// An async route's delivery limits: `max_concurrency`, `rate`, `burst`, `retry_after_cap`.
 fn throttle(
@@ -245,9 +247,26 @@ pub(super) fn validate(
             "must be shorter than store.timeout: the wait for replicas is part of one store round trip",
         ));
     }
+    let max_memory = match rs.max_memory.as_deref() {
+        Some(_) if matches!(url, StoreUrl::Redis(_)) => {
+            return Err(ConfigError::new(
+                "store.max_memory",
+                "bounds the in-process and file stores only: a Redis store is bounded by its own maxmemory",
+            ));
+        }
+        Some(s) => parse_size("store.max_memory", s)? as u64,
+        None => super::DEFAULT_MAX_MEMORY,
+    };
+    if max_memory < MIN_MAX_MEMORY {
+        return Err(ConfigError::new(
+            "store.max_memory",
+            "must be at least 1MiB: a smaller store would forget deliveries within seconds",
+        ));
+    }
     let store = StoreConfig {
         url,
         fsync,
+        max_memory,
         explicit,
         key_prefix,
         timeout,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use activity::RouteActivity;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -188,6 +188,11 @@ pub struct Metrics {
     pub in_flight: IntGauge,
     /// 1 while the store's circuit breaker is open (or half-open), else 0.
     pub store_circuit_open: IntGauge,
+    /// Deliveries the in-process store forgot to stay under `store.max_memory`.
+    pub store_evictions: IntCounter,
+    /// Since when the in-process store's oldest remembered delivery was settled: the
+    /// dedup window it really gives (retention, or less once it evicts).
+    pub store_oldest_age: Gauge,
     /// Webhook connections open now.
     pub connections: IntGauge,
     /// Webhook connections closed at once because `max_connections` were open.
@@ -279,6 +284,14 @@ const STORE_BUCKETS: &[f64] = &[
 ];
 
 impl Metrics {
+    /// Copies a bounded store's figures into `idemgate_store_evictions_total` and
+    /// `idemgate_store_oldest_age_seconds` (at each scrape).
+    pub fn store_bound(&self, evictions: u64, oldest_age: std::time::Duration) {
+        let seen = self.store_evictions.get();
+        self.store_evictions.inc_by(evictions.saturating_sub(seen));
+        self.store_oldest_age.set(oldest_age.as_secs_f64());
+    }
+
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
@@ -329,6 +342,16 @@ impl Metrics {
         let store_circuit_open = IntGauge::new(
             "idemgate_store_circuit_open",
             "1 while the store circuit breaker is open and deliveries get 503 without asking the store.",
+        )
+        .expect("valid metric");
+        let store_evictions = IntCounter::new(
+            "idemgate_store_evictions_total",
+            "Settled deliveries the in-process store forgot before their retention to stay under store.max_memory (a copy of one is forwarded again).",
+        )
+        .expect("valid metric");
+        let store_oldest_age = Gauge::new(
+            "idemgate_store_oldest_age_seconds",
+            "Age of the oldest delivery the in-process store remembers (since it was settled): the effective dedup window.",
         )
         .expect("valid metric");
         let connections = IntGauge::new(
@@ -382,6 +405,8 @@ impl Metrics {
             Box::new(store_errors_vec.clone()),
             Box::new(in_flight.clone()),
             Box::new(store_circuit_open.clone()),
+            Box::new(store_evictions.clone()),
+            Box::new(store_oldest_age.clone()),
             Box::new(connections.clone()),
             Box::new(connections_refused.clone()),
             Box::new(trace_spans_dropped.clone()),
@@ -412,6 +437,8 @@ impl Metrics {
             store_errors,
             in_flight,
             store_circuit_open,
+            store_evictions,
+            store_oldest_age,
             connections,
             connections_refused,
             trace_spans_dropped,

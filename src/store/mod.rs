@@ -29,7 +29,7 @@ use bytes::Bytes;
 
 use crate::providers::Fingerprint;
 pub use breaker::Breaker;
-pub use memory::{DEFAULT_MAX_MEMORY, MemoryOptions, MemoryQueue, MemoryStore};
+pub use memory::{MemoryOptions, MemoryQueue, MemoryStore};
 pub use redis::{RedisQueue, RedisStore};
 
 /// Names one delivery in the store: its route and its idempotency key.

@@ -126,9 +126,6 @@ pub(super) fn later(now: u64, d: Duration) -> u64 {
     now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Default `[store] max_memory`: fits a sidecar's memory limit with room to spare.
-pub const DEFAULT_MAX_MEMORY: u64 = 128 * 1024 * 1024;
-
 /// How a memory store is built.
 #[derive(Clone)]
 pub struct MemoryOptions {
@@ -145,7 +142,7 @@ impl MemoryOptions {
     pub fn new(lifetimes: Lifetimes) -> Self {
         MemoryOptions {
             lifetimes,
-            max_memory: DEFAULT_MAX_MEMORY,
+            max_memory: crate::config::DEFAULT_MAX_MEMORY,
             journal: None,
         }
     }
@@ -656,6 +653,127 @@ mod tests {
             store
                 .restore_entry(DeliveryKey::new("r", "x"), b"\x09")
                 .is_err()
+        );
+    }
+
+    fn bounded(entries: u64) -> MemoryStore {
+        // One small completed delivery's cost, measured on a store of its own.
+        let probe = MemoryStore::new(lifetimes());
+        let k = DeliveryKey::new("r", "k00000");
+        probe
+            .inner
+            .update(&k, unix_millis(), Admit::Always, |e| {
+                let mut fresh = Entry::fresh(Some([1; 32]), Status::Completed, 1, u64::MAX);
+                fresh.response = Some(answer(b"ok"));
+                *e = Some(fresh);
+            })
+            .unwrap();
+        let one = probe.bound_stats().used_bytes;
+        MemoryStore::with_options(MemoryOptions::new(lifetimes()).max_memory(one * entries))
+    }
+
+    async fn deliver(store: &MemoryStore, key: &str) -> Result<Claim, StoreError> {
+        let k = DeliveryKey::new("r", key);
+        let claim = store.claim(&k, &[1; 32], None).await?;
+        if let Claim::Claimed(t) = claim {
+            assert!(store.complete(&k, t, &answer(b"ok"), None).await?);
+        }
+        Ok(claim)
+    }
+
+    #[tokio::test]
+    async fn the_oldest_completed_deliveries_are_forgotten_first() {
+        // Each shard forgets its own oldest: with ~100 deliveries a shard, the
+        // newest half of what fits is always remembered, the oldest always gone.
+        let store = bounded(6400);
+        for n in 0..20_000 {
+            deliver(&store, &format!("k{n:05}")).await.unwrap();
+        }
+        let stats = store.bound_stats();
+        assert!(stats.used_bytes <= stats.max_bytes, "{stats:?}");
+        assert!(stats.evictions >= 13_000, "{stats:?}");
+        // The newest are remembered (a copy is answered), the oldest were forgotten
+        // (a copy is claimed again: forwarded a second time).
+        for n in 17_000..20_000 {
+            let copy = deliver(&store, &format!("k{n:05}")).await.unwrap();
+            assert!(matches!(copy, Claim::Completed(_)), "k{n:05}: {copy:?}");
+        }
+        for n in 0..3000 {
+            let copy = deliver(&store, &format!("k{n:05}")).await.unwrap();
+            assert!(matches!(copy, Claim::Claimed(_)), "k{n:05}: {copy:?}");
+        }
+    }
+
+    /// Claims new deliveries until the store refuses one.
+    async fn fill(store: &MemoryStore, held: &mut Vec<(DeliveryKey, Token)>) -> StoreError {
+        loop {
+            let k = DeliveryKey::new("r", format!("p{:05}", held.len()));
+            match store.claim(&k, &[1; 32], None).await {
+                Ok(Claim::Claimed(t)) => held.push((k, t)),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => return e,
+            }
+            assert!(held.len() < 1000, "never refused");
+        }
+    }
+
+    #[tokio::test]
+    async fn deliveries_in_process_or_queued_are_never_evicted() {
+        let store = bounded(200);
+        let mut held = Vec::new();
+        let refused = fill(&store, &mut held).await;
+        assert!(matches!(refused, StoreError::Full), "{refused}");
+        assert!(refused.to_string().contains("store.max_memory"));
+        // Half of them queued (a smaller entry: room for a few more), the others
+        // still processing: all still held, and new ones refused once full again.
+        let queued: Vec<_> = held.iter().step_by(2).cloned().collect();
+        for (k, t) in &queued {
+            assert!(store.mark_queued(k, *t, Duration::ZERO).await.unwrap());
+        }
+        assert!(matches!(fill(&store, &mut held).await, StoreError::Full));
+        assert_eq!(store.bound_stats().evictions, 0);
+        for (k, _) in &held {
+            let copy = store.claim(k, &[1; 32], None).await.unwrap();
+            assert!(
+                matches!(copy, Claim::Queued | Claim::InFlight { .. }),
+                "{copy:?}"
+            );
+        }
+        // A completion is never refused; once settled, deliveries make room again.
+        for (k, t) in held.iter().filter(|h| !queued.contains(h)) {
+            assert!(store.complete(k, *t, &answer(b"ok"), None).await.unwrap());
+        }
+        for n in 0..20 {
+            let k = DeliveryKey::new("r", format!("new{n}"));
+            let claim = store.claim(&k, &[1; 32], None).await;
+            assert!(matches!(claim, Ok(Claim::Claimed(_))), "{claim:?}");
+        }
+        assert!(store.bound_stats().evictions >= 1);
+        for (k, _) in &queued {
+            let copy = store.claim(k, &[1; 32], None).await.unwrap();
+            assert_eq!(copy, Claim::Queued);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_oldest_age_is_the_effective_window() {
+        let store = MemoryStore::new(lifetimes());
+        assert_eq!(store.bound_stats().oldest_age, Duration::ZERO);
+        let k = DeliveryKey::new("r", "old");
+        // Settled ten minutes ago (as if): its mark is its expiry.
+        store
+            .inner
+            .update(&k, unix_millis(), Admit::Always, |e| {
+                let mut old = Entry::fresh(Some([1; 32]), Status::Completed, 1, 0);
+                old.expires_at = later(unix_millis() - 600_000, lifetimes().retention);
+                *e = Some(old);
+            })
+            .unwrap();
+        deliver(&store, "new").await.unwrap();
+        let age = store.bound_stats().oldest_age;
+        assert!(
+            (Duration::from_secs(599)..Duration::from_secs(605)).contains(&age),
+            "{age:?}"
         );
     }
 }

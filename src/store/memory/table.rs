@@ -24,6 +24,8 @@ const SHARDS: usize = 64;
 const EVICT_LOOK: usize = 256;
 /// Marks the sweeper handles per lock hold.
 const SWEEP_BATCH: usize = 512;
+/// Other shards a new delivery may evict from when its own has nothing settled left.
+const OTHER_SHARDS: usize = 8;
 /// Bytes one entry costs beyond its record: its table slot and control byte, its mark,
 /// and the allocator's header.
 pub(super) const ENTRY_OVERHEAD: u64 = 48;
@@ -66,6 +68,8 @@ pub(super) struct Table {
     used: AtomicU64,
     max: u64,
     evictions: AtomicU64,
+    /// Where the next search of other shards for room starts (spreads them).
+    next_victim: AtomicU64,
     journal: Option<Arc<dyn Journal>>,
 }
 
@@ -93,6 +97,7 @@ impl Table {
             used: AtomicU64::new(0),
             max,
             evictions: AtomicU64::new(0),
+            next_victim: AtomicU64::new(0),
             journal,
         }
     }
@@ -111,8 +116,7 @@ impl Table {
     /// The shard of a hash, from mixed bits: the table's own bucket and tag bits
     /// stay spread within each shard.
     fn shard(&self, hash: u64) -> Result<MutexGuard<'_, Shard>, StoreError> {
-        let i = (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
-        self.shards[i]
+        self.shards[shard_of(hash)]
             .lock()
             .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))
     }
@@ -291,9 +295,33 @@ impl Table {
         Ok(())
     }
 
-    /// Evicts the shard's oldest settled entries until `need` more bytes fit under
-    /// the bound (looking at `EVICT_LOOK` marks at most). False when they do not.
+    /// Evicts the oldest settled entries of `keep`'s shard (held by the caller) until
+    /// `need` more bytes fit under the bound; when that shard has none left, of a few
+    /// other shards whose lock is free (never waiting for one: no lock order to keep).
+    /// False when they still do not fit.
     fn make_room(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
+        if self.evict(shard, keep, now, need) {
+            return true;
+        }
+        let own = shard_of(keep);
+        let start = self.next_victim.fetch_add(1, Ordering::Relaxed) as usize;
+        for j in (0..SHARDS)
+            .map(|n| (start + n) % SHARDS)
+            .filter(|j| *j != own)
+            .take(OTHER_SHARDS)
+        {
+            if let Ok(mut other) = self.shards[j].try_lock()
+                && self.evict(&mut other, keep, now, need)
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Evicts `shard`'s oldest settled entries until `need` more bytes fit under the
+    /// bound (looking at `EVICT_LOOK` marks at most). False when they do not.
+    fn evict(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
         let mut looked = 0;
         while self.used.load(Ordering::Relaxed) + need > self.max {
             if looked >= EVICT_LOOK || shard.marks.is_empty() {
@@ -412,6 +440,10 @@ impl Table {
             .map(|s| s.lock().map(|s| s.records.len()).unwrap_or(0))
             .sum()
     }
+}
+
+fn shard_of(hash: u64) -> usize {
+    (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
 }
 
 fn matches_key(record: &[u8], route: &[u8], key: &[u8]) -> bool {
