@@ -151,3 +151,42 @@ fn one_process_per_directory_and_check_says_why() {
     let e = check_dir(&file.join("sub")).unwrap_err();
     assert!(e.contains("cannot create it"), "{e}");
 }
+
+/// The disk holds what memory holds: an eviction under `max_memory` is a change the
+/// journal writes too, so the directory never outgrows the bound.
+#[tokio::test]
+async fn evictions_under_the_memory_bound_leave_the_disk_too() {
+    use crate::store::{Claim, Lifetimes, MemoryOptions, Store, StoredResponse};
+    let tmp = tempfile::tempdir().unwrap();
+    let options = || {
+        MemoryOptions::new(Lifetimes {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+        })
+        .max_memory(256 << 10)
+    };
+    let answer = StoredResponse {
+        status: 200,
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"ok"),
+    };
+    let held = {
+        let (store, _queue) = open(tmp.path(), FsyncPolicy::Always, options()).unwrap();
+        for n in 0..6_000 {
+            let k = DeliveryKey::new("wh", format!("k{n:05}"));
+            if let Claim::Claimed(t) = store.claim(&k, &[1; 32], None).await.unwrap() {
+                assert!(store.complete(&k, t, &answer, None).await.unwrap());
+            }
+        }
+        let stats = store.bound_stats();
+        assert!(stats.evictions > 0, "{stats:?}");
+        store.len()
+    };
+    let on_disk = load(tmp.path())
+        .iter()
+        .filter(|r| matches!(r, Restored::Entry(..)))
+        .count();
+    assert_eq!(on_disk, held);
+    let (store, _queue) = open(tmp.path(), FsyncPolicy::Always, options()).unwrap();
+    assert_eq!(store.len(), held);
+}
