@@ -104,6 +104,9 @@ measure_idemgate() { # tag name data-dir
   add_row "$1" "$2" "$r" "$((hwm / 1024)) MiB" "$(per_1000 $((t1 - t0)) "$req")" "$((IDLE_RSS_KB / 1024)) MiB" \
     "$(per_1000 $((r1 - r0)) "$req")"
   stop_idemgate
+  if [ "${IG_STORE:-redis}" = file ]; then
+    FILE_STORE_DISK="$(du -sm "$work/file-store" | cut -f1) MiB on disk after $req deliveries"
+  fi
 }
 
 # The peer's CPU is its master's and workers' (no RSS: summed over processes it would
@@ -169,6 +172,7 @@ else:
     print(f"ratio idemgate / peer: first deliveries {f/pf:.2f} (target >= 1.8), {dup} duplicates {h/ph:.2f}, {copies} duplicates {c/pcp:.2f}")
 PY
 echo
+echo "file store directory: ${FILE_STORE_DISK:-?}"
 echo "fixed rate ${RATE} req/s for ${RATE_SECONDS}s (loadgen, latency from scheduled send time):"
 echo "| target | requests | non-2xx | p50 µs | p99 µs | max µs |"
 echo "|---|---|---|---|---|---|"

@@ -24,6 +24,9 @@ struct Pending {
     next: Ticket,
     ops: Vec<Op>,
     closed: bool,
+    /// The writer stopped on an error: changes are no longer kept (they would only pile
+    /// up); every `durable` answers the error.
+    failed: bool,
 }
 
 /// How far the writer got.
@@ -99,7 +102,9 @@ impl Journal for FileJournal {
         };
         let ticket = p.next;
         p.next += 1;
-        p.ops.push(op);
+        if !p.failed {
+            p.ops.push(op);
+        }
         drop(p);
         self.shared.wake.notify_one();
         ticket
@@ -171,6 +176,10 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
             }
             Err(e) => {
                 tracing::error!(error = %e, "file store: the write failed; the store stops answering until a restart");
+                if let Ok(mut p) = shared.pending.lock() {
+                    p.failed = true;
+                    p.ops = Vec::new();
+                }
                 shared
                     .committed
                     .send_modify(|c| c.failed = Some(e.to_string()));
