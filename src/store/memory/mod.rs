@@ -170,7 +170,8 @@ impl MemoryStore {
     /// expired entries once a second, a batch per shard lock, so memory follows
     /// retention and no delivery waits behind a sweep of the whole map.
     pub fn with_options(options: MemoryOptions) -> Self {
-        let inner = Arc::new(Table::new(options.max_memory, options.journal));
+        let drift = later(0, options.lifetimes.lease);
+        let inner = Arc::new(Table::new(options.max_memory, drift, options.journal));
         let retention = later(0, options.lifetimes.retention);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Table> = Arc::downgrade(&inner);
