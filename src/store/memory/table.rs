@@ -26,8 +26,9 @@ const SHARDS: usize = 64;
 const EVICT_LOOK: usize = 256;
 /// Marks the sweeper handles per lock hold.
 const SWEEP_BATCH: usize = 512;
-/// Other shards a new delivery may evict from when its own has nothing settled left.
-const OTHER_SHARDS: usize = 8;
+/// Marks looked at in each other shard when a new delivery's own shard has nothing
+/// settled left (a small bound, or large entries, spread over few shards).
+const OTHER_LOOK: usize = 32;
 /// Bytes one entry costs beyond its record: its table slot and control byte, its mark,
 /// and the allocator's header.
 pub(super) const ENTRY_OVERHEAD: u64 = 48;
@@ -302,11 +303,11 @@ impl Table {
     }
 
     /// Evicts the oldest settled entries of `keep`'s shard (held by the caller) until
-    /// `need` more bytes fit under the bound; when that shard has none left, of a few
+    /// `need` more bytes fit under the bound; when that shard has none left, of the
     /// other shards whose lock is free (never waiting for one: no lock order to keep).
     /// False when they still do not fit.
     fn make_room(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
-        if self.evict(shard, keep, now, need) {
+        if self.evict(shard, keep, now, need, EVICT_LOOK) {
             return true;
         }
         let own = shard_of(keep);
@@ -314,10 +315,9 @@ impl Table {
         for j in (0..SHARDS)
             .map(|n| (start + n) % SHARDS)
             .filter(|j| *j != own)
-            .take(OTHER_SHARDS)
         {
             if let Ok(mut other) = self.shards[j].try_lock()
-                && self.evict(&mut other, keep, now, need)
+                && self.evict(&mut other, keep, now, need, OTHER_LOOK)
             {
                 return true;
             }
@@ -326,11 +326,11 @@ impl Table {
     }
 
     /// Evicts `shard`'s oldest settled entries until `need` more bytes fit under the
-    /// bound (looking at `EVICT_LOOK` marks at most). False when they do not.
-    fn evict(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
+    /// bound (looking at `limit` marks at most). False when they do not.
+    fn evict(&self, shard: &mut Shard, keep: u64, now: u64, need: u64, limit: usize) -> bool {
         let mut looked = 0;
         while self.used.load(Ordering::Relaxed) + need > self.max {
-            let Some((m, h)) = self.front(shard, &mut looked, EVICT_LOOK) else {
+            let Some((m, h)) = self.front(shard, &mut looked, limit) else {
                 return false;
             };
             shard.marks.pop_front();
