@@ -4,11 +4,13 @@ deliveries (ids and `v1` signatures over `{id}.{ts}.{body}`), a chosen share of 
 repeat an id that the same thread sent at least 200 requests earlier (so the copy
 finds it completed: a duplicate, not an in-flight 409).
 
-usage: gen_requests.py OUT_DIR THREADS PER_THREAD DUP_SHARE SECRET
+usage: gen_requests.py OUT_DIR THREADS PER_THREAD DUP_SHARE SECRET [ID_PREFIX]
+(ID_PREFIX, default msg: another prefix gives ids no other data set holds.)
 """
 import base64, hashlib, hmac, os, random, sys, time
 
 out, threads, per_thread, dup, secret = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+prefix = sys.argv[6] if len(sys.argv) > 6 else "msg"
 key = base64.b64decode(secret.removeprefix("whsec_"))
 ts = int(time.time())
 payload = '{"type":"payment.succeeded","data":{"order":"A-1","amount":100,"note":"' 
@@ -25,7 +27,7 @@ for t in range(threads):
         if i >= 400 and rng.random() < dup:
             seq.append(seq[i - 200 - rng.randrange(200)])
         else:
-            seq.append(f"msg_{ts}_{t}_{fresh}")
+            seq.append(f"{prefix}_{ts}_{t}_{fresh}")
             fresh += 1
     # One "id signature" line per request; the first line is the timestamp.
     with open(os.path.join(out, f"data_{t}.txt"), "w") as f:

@@ -118,7 +118,8 @@ idemgate_config() { # file listen-port admin-port store-url (empty: memory store
     echo "listen = \"127.0.0.1:$2\""
     echo "admin_listen = \"127.0.0.1:$3\""
     echo "upstream = \"http://127.0.0.1:$UP_PORT\""
-    if [ -n "$4" ]; then printf '[store]\nurl = "%s"\n' "$4"; fi
+    if [ -n "$4" ]; then printf '[store]\nurl = "%s"\n' "$4"
+    elif [ -n "${IG_MAX_MEMORY:-}" ]; then printf '[store]\nurl = "memory"\nmax_memory = "%s"\n' "$IG_MAX_MEMORY"; fi
     printf '[[route]]\nname = "load"\npath = "/webhooks/load"\nprovider = "standard"\nsecrets = ["%s"]\n' "$SECRET"
   } >"$1"
 }

@@ -12,6 +12,9 @@
 #   DURATION=2 benches/load/run.sh      # a smoke run (CI)
 #   PEER=0 benches/load/run.sh          # without the nginx + Lua + Redis peer
 #   PEER_WORKERS=1 benches/load/run.sh  # the peer with one nginx worker (default: auto)
+#   BOUND_MEMORY=16MiB benches/load/run.sh  # the memory store's bound in its "at the bound" row
+#   ONLY=memory benches/load/run.sh     # the memory store's rows (empty, at the bound), with
+#                                       # direct and idemgate-on-Redis as the same run's reference
 #   FSYNC=250ms benches/load/run.sh     # the file store row with store.fsync = "250ms" (default: always)
 #
 # The peer needs Debian's libnginx-mod-http-lua, lua-nginx-redis and lua-nginx-string;
@@ -80,6 +83,8 @@ PER_THREAD=${PER_THREAD:-$((DURATION * 20000))}
 python3 benches/load/gen_requests.py "$work/fresh" "$THREADS" "$PER_THREAD" 0 "$SECRET"
 python3 benches/load/gen_requests.py "$work/half" "$THREADS" "$PER_THREAD" "$DUP_SHARE" "$SECRET"
 python3 benches/load/gen_requests.py "$work/copies" "$THREADS" "$PER_THREAD" "$COPY_SHARE" "$SECRET"
+# Other first deliveries, to fill the memory store up to its bound before its row.
+python3 benches/load/gen_requests.py "$work/fill" "$THREADS" "$PER_THREAD" 0 "$SECRET" fill
 
 rows=()
 declare -A rps_of
@@ -93,8 +98,18 @@ add_row() { # tag name result [peak_rss cpu_s_per_1000 idle_rss redis_cpu_s_per_
 }
 skip_row() { rows+=("$1|skipped|-|-|-|-|-|-|-|-"); }
 
-measure_idemgate() { # tag name data-dir
+measure_idemgate() { # tag name data-dir [fill-data-dir]
   start_idemgate
+  if [ -n "${4:-}" ]; then
+    # Fill the store first: the row is measured with the bound reached (evicting).
+    run_wrk "$4" "http://127.0.0.1:$IG_PORT/webhooks/load" >/dev/null
+    local evicted
+    evicted=$(curl -fsS "http://127.0.0.1:$IG_ADMIN/metrics" | awk '/^idemgate_store_evictions_total /{print $2}')
+    if [ "${evicted:-0}" = 0 ]; then
+      echo "the fill did not reach the bound (no evictions): lower BOUND_MEMORY" >&2; exit 1
+    fi
+    echo "$2: filled, $evicted evictions so far" >&2
+  fi
   local t0 t1 r0 r1 r req hwm
   t0=$(cpu_ticks "$IG_PID"); r0=$(cpu_ticks "$REDIS_PID")
   r=$(run_wrk "$3" "http://127.0.0.1:$IG_PORT/webhooks/load")
@@ -122,42 +137,60 @@ measure_peer() { # tag name data-dir
   add_row "$1" "$2" "$r" "-" "$(per_1000 $((t1 - t0)) "$req")" "-" "$(per_1000 $((r1 - r0)) "$req")"
 }
 
-PEER_NAME="nginx + Lua + Redis peer"
-add_row direct "direct to upstream (nginx)" "$(run_wrk "$work/fresh" "http://127.0.0.1:$UP_PORT/webhooks/load")"
-add_row proxy "nginx proxy_pass, keep-alive" "$(run_wrk "$work/fresh" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
-add_row proxy_copies "nginx proxy_pass, keep-alive, ${COPY_SHARE} duplicates (all forwarded)" \
-  "$(run_wrk "$work/copies" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
-if [ -z "$peer_skip" ]; then
-  start_peer || { cat "$work/nginx-peer/logs/error.log" >&2; echo "the nginx + Lua + Redis peer did not start" >&2; exit 1; }
-  python3 benches/load/peer_lua/check.py "$PEER_PORT" "$SECRET"
-  measure_peer peer_first "$PEER_NAME, first deliveries" "$work/fresh"
-  measure_peer peer_half "$PEER_NAME, ${DUP_SHARE} duplicates" "$work/half"
-  measure_peer peer_copies "$PEER_NAME, ${COPY_SHARE} duplicates" "$work/copies"
-  if grep -q '\[error\]' "$work/nginx-peer/logs/error.log"; then
-    echo "the peer logged errors:" >&2; grep '\[error\]' "$work/nginx-peer/logs/error.log" | head -5 >&2
+if [ "${ONLY:-}" != memory ]; then
+  PEER_NAME="nginx + Lua + Redis peer"
+  add_row direct "direct to upstream (nginx)" "$(run_wrk "$work/fresh" "http://127.0.0.1:$UP_PORT/webhooks/load")"
+  add_row proxy "nginx proxy_pass, keep-alive" "$(run_wrk "$work/fresh" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
+  add_row proxy_copies "nginx proxy_pass, keep-alive, ${COPY_SHARE} duplicates (all forwarded)" \
+    "$(run_wrk "$work/copies" "http://127.0.0.1:$PROXY_PORT/webhooks/load")"
+  if [ -z "$peer_skip" ]; then
+    start_peer || { cat "$work/nginx-peer/logs/error.log" >&2; echo "the nginx + Lua + Redis peer did not start" >&2; exit 1; }
+    python3 benches/load/peer_lua/check.py "$PEER_PORT" "$SECRET"
+    measure_peer peer_first "$PEER_NAME, first deliveries" "$work/fresh"
+    measure_peer peer_half "$PEER_NAME, ${DUP_SHARE} duplicates" "$work/half"
+    measure_peer peer_copies "$PEER_NAME, ${COPY_SHARE} duplicates" "$work/copies"
+    if grep -q '\[error\]' "$work/nginx-peer/logs/error.log"; then
+      echo "the peer logged errors:" >&2; grep '\[error\]' "$work/nginx-peer/logs/error.log" | head -5 >&2
+    fi
+    kill -TERM "$PEER_PID" 2>/dev/null || true; wait "$PEER_PID" 2>/dev/null || true
+  else
+    for n in "first deliveries" "${DUP_SHARE} duplicates" "${COPY_SHARE} duplicates"; do skip_row "$PEER_NAME, $n"; done
   fi
-  kill -TERM "$PEER_PID" 2>/dev/null || true; wait "$PEER_PID" 2>/dev/null || true
+  measure_idemgate ig_first "idemgate, first deliveries" "$work/fresh"
+  measure_idemgate ig_half "idemgate, ${DUP_SHARE} duplicates" "$work/half"
+  measure_idemgate ig_copies "idemgate, ${COPY_SHARE} duplicates" "$work/copies"
+  IG_STORE=file measure_idemgate ig_file "idemgate, file store (fsync = ${FSYNC:-always}), first deliveries" "$work/fresh"
 else
-  for n in "first deliveries" "${DUP_SHARE} duplicates" "${COPY_SHARE} duplicates"; do skip_row "$PEER_NAME, $n"; done
+  add_row direct "direct to upstream (nginx)" "$(run_wrk "$work/fresh" "http://127.0.0.1:$UP_PORT/webhooks/load")"
+  measure_idemgate ig_first "idemgate, first deliveries" "$work/fresh"
 fi
-measure_idemgate ig_first "idemgate, first deliveries" "$work/fresh"
-measure_idemgate ig_half "idemgate, ${DUP_SHARE} duplicates" "$work/half"
-measure_idemgate ig_copies "idemgate, ${COPY_SHARE} duplicates" "$work/copies"
-IG_STORE=memory measure_idemgate ig_memory "idemgate, memory store, first deliveries" "$work/fresh"
-IG_STORE=file measure_idemgate ig_file "idemgate, file store (fsync = ${FSYNC:-always}), first deliveries" "$work/fresh"
+IG_STORE=memory measure_idemgate ig_memory "idemgate, memory store, first deliveries (empty store, filling)" "$work/fresh"
+# The same load on a store already at its bound: every new delivery evicts the oldest.
+BOUND_MEMORY=${BOUND_MEMORY:-16MiB}
+IG_STORE=memory IG_MAX_MEMORY=$BOUND_MEMORY measure_idemgate ig_memory_bound \
+  "idemgate, memory store at its bound (max_memory = $BOUND_MEMORY), first deliveries" "$work/fresh" "$work/fill"
 
-# Fixed rate: the latency idemgate adds over direct at a moderate rate.
-fr_direct=$("$LOADGEN" "http://127.0.0.1:$UP_PORT/webhooks/load" "$RATE" "$RATE_SECONDS" "$SECRET")
-start_idemgate
-fr_ig=$("$LOADGEN" "http://127.0.0.1:$IG_PORT/webhooks/load" "$RATE" "$RATE_SECONDS" "$SECRET")
-stop_idemgate
+if [ "${ONLY:-}" != memory ]; then
+  # Fixed rate: the latency idemgate adds over direct at a moderate rate.
+  fr_direct=$("$LOADGEN" "http://127.0.0.1:$UP_PORT/webhooks/load" "$RATE" "$RATE_SECONDS" "$SECRET")
+  start_idemgate
+  fr_ig=$("$LOADGEN" "http://127.0.0.1:$IG_PORT/webhooks/load" "$RATE" "$RATE_SECONDS" "$SECRET")
+  stop_idemgate
 
+fi
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1024/1024)}' /proc/meminfo) GiB; wrk -t$THREADS -c$CONNS -d${DURATION}s; 1 KiB signed deliveries; IDEMGATE_LOG=${IDEMGATE_LOG:-info}"
 echo
 echo "| target | req/s | p50 µs | p99 µs | non-2xx | peak RSS | CPU s / 1000 | idle RSS | Redis CPU s / 1000 | id wraps |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| ${r//|/ | } |"; done
+echo
+python3 - "${rps_of[ig_memory]}" "${rps_of[ig_memory_bound]}" <<'PY'
+import sys
+empty, bound = map(float, sys.argv[1:3])
+print(f"ratio memory store at its bound / empty: {bound/empty:.2f} (target >= 0.9)")
+PY
+[ "${ONLY:-}" = memory ] && exit 0
 echo
 python3 - "${rps_of[proxy]}" "${rps_of[proxy_copies]}" "${rps_of[ig_first]}" "${rps_of[ig_half]}" "${rps_of[ig_copies]}" \
   "${rps_of[peer_first]:-0}" "${rps_of[peer_half]:-0}" "${rps_of[peer_copies]:-0}" "${rps_of[ig_file]}" "$peer_skip" "$DUP_SHARE" "$COPY_SHARE" <<'PY'

@@ -3,7 +3,8 @@
 //! delivery is lost, and the directory opens cleanly (also when the kill lands while
 //! the writer commits, as it does under a storm: every commit is in progress most of
 //! the time). One sidecar per directory; `check-config` refuses a directory it cannot
-//! lock or write. The memory store shows the documented opposite: a restart forgets.
+//! lock or write. (The memory store's documented opposite, a restart forgets:
+//! `e2e_memory_store.rs`.)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -249,19 +250,4 @@ async fn check_config_refuses_a_directory_it_cannot_lock_or_write() {
     let (ok, shown) = check_config(&file_sidecar(&up, held.path()).toml(any, admin));
     assert!(!ok, "{shown}");
     assert!(shown.contains("another process holds its lock"), "{shown}");
-}
-
-#[tokio::test]
-async fn the_memory_store_forgets_everything_on_restart() {
-    let up = Upstream::start().await;
-    let builder = SidecarBuilder::new(&up.url(), "memory");
-    let d = Delivery::fresh();
-    let mut sc = builder.clone().start().await;
-    assert_eq!(sc.send(&d).await.status, 200);
-    assert!(sc.send(&d).await.replayed());
-    sc.kill9();
-    let sc = builder.start().await;
-    assert_eq!(sc.send(&d).await.status, 200);
-    // Forwarded again: the restart forgot it (README and docs/reliability.md say so).
-    assert_eq!(forwarded(&up).get(&d.id), Some(&2));
 }

@@ -25,6 +25,7 @@ mod e2e_jobs;
 mod e2e_jobs_start;
 mod e2e_lease_lost;
 mod e2e_log_fields;
+mod e2e_memory_store;
 mod e2e_presets_a;
 mod e2e_presets_b;
 mod e2e_protect;

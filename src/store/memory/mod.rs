@@ -170,7 +170,8 @@ impl MemoryStore {
     /// expired entries once a second, a batch per shard lock, so memory follows
     /// retention and no delivery waits behind a sweep of the whole map.
     pub fn with_options(options: MemoryOptions) -> Self {
-        let inner = Arc::new(Table::new(options.max_memory, options.journal));
+        let drift = later(0, options.lifetimes.lease);
+        let inner = Arc::new(Table::new(options.max_memory, drift, options.journal));
         let retention = later(0, options.lifetimes.retention);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Table> = Arc::downgrade(&inner);
@@ -371,10 +372,19 @@ impl Store for MemoryStore {
             Some(ClaimLog { replay: true, .. }) => self.replay_claim(key, fp).await,
             _ => {
                 let kept = log.and_then(|l| l.kept);
-                self.change(key, Admit::NewDelivery, |slot, now| {
-                    self.claim_in(slot, now, fp, kept)
-                })
-                .await
+                let now = unix_millis();
+                let Updated { value, ticket } =
+                    self.inner.update(key, now, Admit::NewDelivery, |e| {
+                        self.claim_in(e, now, fp, kept)
+                    })?;
+                // A claim that hands the key to this caller promises the provider
+                // nothing yet: the completion (or queueing) that answers it is
+                // journaled after it and waited for, which covers both. Any other
+                // answer (a stored answer replayed, `queued`) waits for what it read.
+                if !matches!(value, Claim::Claimed(_)) {
+                    self.durable(ticket).await?;
+                }
+                Ok(value)
             }
         }
     }

@@ -2,10 +2,12 @@
 //! exact-size record (key + encoded entry, `codec`); bounded by bytes, the oldest
 //! settled deliveries forgotten first; swept of expired entries a batch at a time.
 //!
-//! Each shard keeps its entries' *marks* in the order their expiry was last set (a
-//! completion, a claim): the front is the oldest. Eviction and the sweeper pop marks
-//! from the front; a mark whose entry changed since is stale and dropped; a mark of a
-//! delivery being processed or queued goes to the back (never evicted).
+//! Each shard keeps one *mark* (hash, expiry) per entry, in the order the entries
+//! arrived: the front is the oldest. Eviction and the sweeper look at the front: a
+//! mark whose entry is gone is dropped; one whose entry's expiry moved later by more
+//! than the lease (a re-claim, a long-kept queued delivery) goes to the back; a
+//! delivery being processed or queued goes to the back too (never evicted). So a
+//! completion within its lease costs no second mark.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
@@ -24,8 +26,9 @@ const SHARDS: usize = 64;
 const EVICT_LOOK: usize = 256;
 /// Marks the sweeper handles per lock hold.
 const SWEEP_BATCH: usize = 512;
-/// Other shards a new delivery may evict from when its own has nothing settled left.
-const OTHER_SHARDS: usize = 8;
+/// Marks looked at in each other shard when a new delivery's own shard has nothing
+/// settled left (a small bound, or large entries, spread over few shards).
+const OTHER_LOOK: usize = 32;
 /// Bytes one entry costs beyond its record: its table slot and control byte, its mark,
 /// and the allocator's header.
 pub(super) const ENTRY_OVERHEAD: u64 = 48;
@@ -68,6 +71,9 @@ pub(super) struct Table {
     used: AtomicU64,
     max: u64,
     evictions: AtomicU64,
+    /// How much later than its mark an entry's expiry may be and the mark still
+    /// stand for it (the lease: a claim's completion moves it by about that).
+    drift: u64,
     /// Where the next search of other shards for room starts (spreads them).
     next_victim: AtomicU64,
     journal: Option<Arc<dyn Journal>>,
@@ -90,13 +96,14 @@ fn corrupt(e: String) -> StoreError {
 }
 
 impl Table {
-    pub(super) fn new(max: u64, journal: Option<Arc<dyn Journal>>) -> Table {
+    pub(super) fn new(max: u64, drift: u64, journal: Option<Arc<dyn Journal>>) -> Table {
         Table {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
             used: AtomicU64::new(0),
             max,
             evictions: AtomicU64::new(0),
+            drift,
             next_victim: AtomicU64::new(0),
             journal,
         }
@@ -132,6 +139,13 @@ impl Table {
 
     pub(super) fn journal(&self) -> Option<&dyn Journal> {
         self.journal.as_deref()
+    }
+
+    /// Whether `record` is the entry mark `m` was made for: the same hash (the table
+    /// compares only a few of its bits) and an expiry not before the mark's.
+    fn marked(&self, record: &[u8], m: Mark) -> bool {
+        head_of(record).is_some_and(|h| h.expires_at >= m.expires)
+            && self.hash_record(record) == m.hash
     }
 
     /// Bytes the entries cost now, and the bound.
@@ -226,20 +240,17 @@ impl Table {
             }
             return Ok(Updated { value, ticket });
         };
-        let mut record = Vec::with_capacity(route.len() + k.len() + 96);
-        codec::encode_key(&key.route, &key.key, &mut record);
-        let at = record.len();
-        codec::encode(&e, &mut record);
+        let (record, at) = encoded(key, &e);
         if let Ok(mut found) = found {
             if entry_part(found.get()) == &record[at..] {
                 return Ok(Updated { value, ticket });
             }
-            let record = record.into_boxed_slice();
             ticket = self.record(route, k, Some(&record[at..]));
             self.used.fetch_add(cost(&record), Ordering::Relaxed);
             let old = std::mem::replace(found.get_mut(), record);
             self.used.fetch_sub(cost(&old), Ordering::Relaxed);
-            if before != Some(e.expires_at) {
+            // A later expiry keeps the entry's mark (`front` moves it when due).
+            if before.is_some_and(|b| e.expires_at < b) {
                 shard.marks.push_back(Mark {
                     hash,
                     expires: e.expires_at,
@@ -248,7 +259,6 @@ impl Table {
             self.make_room(shard, hash, now, 0);
             return Ok(Updated { value, ticket });
         }
-        let record = record.into_boxed_slice();
         if !self.make_room(shard, hash, now, cost(&record)) && admit == Admit::NewDelivery {
             return Err(StoreError::Full);
         }
@@ -279,10 +289,7 @@ impl Table {
             let (old, _) = found.remove();
             self.used.fetch_sub(cost(&old), Ordering::Relaxed);
         }
-        let mut record = Vec::new();
-        codec::encode_key(&key.route, &key.key, &mut record);
-        codec::encode(e, &mut record);
-        let record = record.into_boxed_slice();
+        let (record, _) = encoded(key, e);
         self.make_room(shard, hash, now, cost(&record));
         self.used.fetch_add(cost(&record), Ordering::Relaxed);
         shard
@@ -296,11 +303,11 @@ impl Table {
     }
 
     /// Evicts the oldest settled entries of `keep`'s shard (held by the caller) until
-    /// `need` more bytes fit under the bound; when that shard has none left, of a few
+    /// `need` more bytes fit under the bound; when that shard has none left, of the
     /// other shards whose lock is free (never waiting for one: no lock order to keep).
     /// False when they still do not fit.
     fn make_room(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
-        if self.evict(shard, keep, now, need) {
+        if self.evict(shard, keep, now, need, EVICT_LOOK) {
             return true;
         }
         let own = shard_of(keep);
@@ -308,10 +315,9 @@ impl Table {
         for j in (0..SHARDS)
             .map(|n| (start + n) % SHARDS)
             .filter(|j| *j != own)
-            .take(OTHER_SHARDS)
         {
             if let Ok(mut other) = self.shards[j].try_lock()
-                && self.evict(&mut other, keep, now, need)
+                && self.evict(&mut other, keep, now, need, OTHER_LOOK)
             {
                 return true;
             }
@@ -320,28 +326,21 @@ impl Table {
     }
 
     /// Evicts `shard`'s oldest settled entries until `need` more bytes fit under the
-    /// bound (looking at `EVICT_LOOK` marks at most). False when they do not.
-    fn evict(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
+    /// bound (looking at `limit` marks at most). False when they do not.
+    fn evict(&self, shard: &mut Shard, keep: u64, now: u64, need: u64, limit: usize) -> bool {
         let mut looked = 0;
         while self.used.load(Ordering::Relaxed) + need > self.max {
-            if looked >= EVICT_LOOK || shard.marks.is_empty() {
-                return false;
-            }
-            looked += 1;
-            let Some(m) = shard.marks.pop_front() else {
+            let Some((m, h)) = self.front(shard, &mut looked, limit) else {
                 return false;
             };
-            let found = shard.records.find_entry(m.hash, |r| {
-                head_of(r).is_some_and(|h| h.expires_at == m.expires)
-            });
-            let Ok(found) = found else { continue };
-            let Some(h) = head_of(found.get()) else {
-                continue;
-            };
+            shard.marks.pop_front();
             if h.protected(now) || (m.hash == keep && h.live(now)) {
                 shard.marks.push_back(m);
                 continue;
             }
+            let Ok(found) = shard.records.find_entry(m.hash, |r| self.marked(r, m)) else {
+                continue;
+            };
             let (old, _) = found.remove();
             self.used.fetch_sub(cost(&old), Ordering::Relaxed);
             if h.live(now) {
@@ -354,6 +353,42 @@ impl Table {
         true
     }
 
+    /// The shard's front mark that still stands for its entry, and that entry's head,
+    /// left at the front. On the way (counted in `looked`, up to `limit`), a mark
+    /// whose entry is gone is dropped, and one whose entry's expiry moved more than
+    /// `drift` later (a re-claim, a queued delivery kept longer) goes to the back
+    /// with the new expiry: an entry gets a new mark only when it needs one.
+    fn front(
+        &self,
+        shard: &mut Shard,
+        looked: &mut usize,
+        limit: usize,
+    ) -> Option<(Mark, codec::Head)> {
+        while *looked < limit {
+            *looked += 1;
+            let m = *shard.marks.front()?;
+            let head = shard
+                .records
+                .find(m.hash, |r| self.marked(r, m))
+                .and_then(|r| head_of(r));
+            shard.marks.pop_front();
+            match head {
+                None => {}
+                Some(h) if h.expires_at > m.expires.saturating_add(self.drift) => {
+                    shard.marks.push_back(Mark {
+                        hash: m.hash,
+                        expires: h.expires_at,
+                    });
+                }
+                Some(h) => {
+                    shard.marks.push_front(m);
+                    return Some((m, h));
+                }
+            }
+        }
+        None
+    }
+
     /// Drops the expired entries at the front of shard `i` (a batch per lock hold)
     /// and returns how many marks it looked at. A live mark stops it, unless its
     /// expiry lies beyond `now + retention` (a queued delivery kept longer): that one
@@ -363,36 +398,25 @@ impl Table {
             return (0, false);
         };
         let shard = &mut *guard;
-        for looked in 0..SWEEP_BATCH {
-            let Some(m) = shard.marks.front().copied() else {
-                return (looked, false);
-            };
-            let found = shard.records.find_entry(m.hash, |r| {
-                head_of(r).is_some_and(|h| h.expires_at == m.expires)
-            });
-            let Ok(found) = found else {
-                shard.marks.pop_front();
-                continue;
-            };
-            let Some(h) = head_of(found.get()) else {
-                shard.marks.pop_front();
-                continue;
-            };
+        let mut looked = 0;
+        while let Some((m, h)) = self.front(shard, &mut looked, SWEEP_BATCH) {
             if !h.live(now) {
                 shard.marks.pop_front();
-                let (old, _) = found.remove();
-                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
-                if let Ok((route, key, _)) = codec::split_record(&old) {
-                    self.record(route, key, None);
+                if let Ok(found) = shard.records.find_entry(m.hash, |r| self.marked(r, m)) {
+                    let (old, _) = found.remove();
+                    self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                    if let Ok((route, key, _)) = codec::split_record(&old) {
+                        self.record(route, key, None);
+                    }
                 }
             } else if m.expires > now.saturating_add(retention) || h.protected(now) {
                 shard.marks.pop_front();
                 shard.marks.push_back(m);
             } else {
-                return (looked + 1, false);
+                return (looked, false);
             }
         }
-        (SWEEP_BATCH, true)
+        (looked, looked >= SWEEP_BATCH)
     }
 
     pub(super) fn shard_count(&self) -> usize {
@@ -413,21 +437,8 @@ impl Table {
                 continue;
             };
             let shard = &mut *guard;
-            for _ in 0..EVICT_LOOK {
-                let Some(m) = shard.marks.front().copied() else {
-                    break;
-                };
-                if shard
-                    .records
-                    .find(m.hash, |r| {
-                        head_of(r).is_some_and(|h| h.expires_at == m.expires)
-                    })
-                    .is_some()
-                {
-                    oldest = Some(oldest.map_or(m.expires, |o| o.min(m.expires)));
-                    break;
-                }
-                shard.marks.pop_front();
+            if let Some((m, _)) = self.front(shard, &mut 0, EVICT_LOOK) {
+                oldest = Some(oldest.map_or(m.expires, |o| o.min(m.expires)));
             }
         }
         oldest
@@ -444,6 +455,22 @@ impl Table {
 
 fn shard_of(hash: u64) -> usize {
     (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+}
+
+/// `key` and `e` as one record in an allocation of its exact size (encoded in a
+/// reused buffer: no shrinking copy that would leave the heap fragmented), and where
+/// the entry starts in it.
+fn encoded(key: &DeliveryKey, e: &super::Entry) -> (Box<[u8]>, usize) {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        codec::encode_key(&key.route, &key.key, buf);
+        let at = buf.len();
+        codec::encode(e, buf);
+        (Box::from(&buf[..]), at)
+    })
 }
 
 fn matches_key(record: &[u8], route: &[u8], key: &[u8]) -> bool {
