@@ -127,7 +127,20 @@ impl Journal for FileJournal {
     }
 }
 
+/// Tells every waiting and later caller that the writer is gone, however it ended (a
+/// panic inside the engine included), so none waits forever.
+struct Stopped<'a>(&'a Shared);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0.committed.send_modify(|c| {
+            c.failed.get_or_insert_with(|| "the writer stopped".into());
+        });
+    }
+}
+
 fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
+    let _stopped = Stopped(shared);
     let mut synced_at = Instant::now();
     let mut unsynced = false;
     loop {
