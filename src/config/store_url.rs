@@ -124,4 +124,23 @@ mod tests {
             .to_string();
         assert!(e.contains("only to a file: store"), "{e}");
     }
+
+    #[test]
+    fn a_file_store_config_is_bounded_and_shown_as_it_is_read() {
+        use crate::config::Config;
+        let text =
+            "[store]\nurl = \"file:/var/lib/idemgate\"\nfsync = \"1s\"\nmax_memory = \"64MiB\"";
+        let c = Config::from_toml_with_env(text, |_| None).unwrap();
+        assert_eq!(c.store.url, StoreUrl::File("/var/lib/idemgate".into()));
+        assert_eq!(c.store.fsync, FsyncPolicy::Every(Duration::from_secs(1)));
+        assert_eq!(c.store.max_memory, 64 << 20);
+        let shown = c.redacted_toml();
+        assert!(
+            shown.contains("url = \"file:/var/lib/idemgate\"\nfsync = \"1s\""),
+            "{shown}"
+        );
+        let again = Config::from_toml_with_env(&shown, |_| None).unwrap();
+        assert_eq!(again.store.fsync, c.store.fsync);
+        assert_eq!(again.store.url, c.store.url);
+    }
 }
