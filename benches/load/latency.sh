@@ -17,7 +17,7 @@ for store in redis memory; do
   pids+=($!); wait_port "$admin"
   eval "PORT_$store=$port"
 done
-L=target/release/examples/loadgen
+L=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
 echo "direct: $($L "http://127.0.0.1:$UP_PORT/webhooks/load" "${RATE:-2000}" "${SECS:-5}" "$SECRET")"
 echo "redis:  $($L "http://127.0.0.1:$PORT_redis/webhooks/load" "${RATE:-2000}" "${SECS:-5}" "$SECRET")"
 echo "memory: $($L "http://127.0.0.1:$PORT_memory/webhooks/load" "${RATE:-2000}" "${SECS:-5}" "$SECRET")"
