@@ -1,8 +1,9 @@
 //! The store: the atomic claim of a delivery's key, and what is remembered about it.
 //!
 //! One `Store` trait, two implementations with the same semantics: `RedisStore`
-//! (shared by every replica) and `MemoryStore` (one process). The conformance suite in
-//! `tests/it/store_conformance.rs` runs against both.
+//! (shared by every replica) and `MemoryStore` (one process; journaled to a directory,
+//! it is the `file:` store, `store::file`). The conformance suites in `tests/it/` run
+//! against memory, file and Redis.
 //!
 //! States of a key: absent → `processing` (claimed, lease running) → `completed`
 //! (answer stored for `retention`) or `released` (the claimer gave up; the next copy
