@@ -38,7 +38,7 @@ use crate::config::{Config, StoreUrl};
 use crate::conn::Lifetime;
 use crate::gate::Gate;
 use crate::providers::Routes;
-use crate::store::{Breaker, Lifetimes, MemoryStore, RedisStore, Store};
+use crate::store::{Breaker, MemoryStore, RedisStore, RouteLifetimes, Store};
 
 /// The largest request head (request line + headers) read into memory per
 /// connection; a larger one gets 431. Also caps the per-connection read buffer.
@@ -83,13 +83,9 @@ pub async fn run(
     routes: Routes,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let lifetimes = Lifetimes {
-        lease: config.dedup.lease,
-        retention: config.dedup.retention,
-    };
     match &config.store.url {
         StoreUrl::Memory => {
-            let store = MemoryStore::new(lifetimes);
+            let store = MemoryStore::new(RouteLifetimes::from_config(&config));
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));

@@ -27,11 +27,16 @@ impl Routes {
         for (i, r) in config.routes.iter().enumerate() {
             let route = build_route(r, config)
                 .map_err(|e| ConfigError::new(format!("route[{i}].{}", e.field), e.message))?;
+            // The route's own retention when it sets one, else `[dedup]`'s.
             if let Some(tol) = route.tolerance()
-                && config.dedup.retention <= tol
+                && route.dedup.retention <= tol
             {
+                let field = match r.dedup.retention {
+                    Some(_) => format!("route[{i}].retention"),
+                    None => "dedup.retention".to_string(),
+                };
                 return Err(ConfigError::new(
-                    "dedup.retention",
+                    field,
                     format!(
                         "must be longer than route `{}`'s tolerance ({}): otherwise a replayed \
                          request inside the window could find its key forgotten",

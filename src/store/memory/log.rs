@@ -67,7 +67,7 @@ impl MemoryStore {
         key: &DeliveryKey,
         fp: &Fingerprint,
     ) -> Result<Claim, StoreError> {
-        let Lifetimes { lease, retention } = self.lifetimes;
+        let Lifetimes { lease, retention } = self.lifetimes.of(&key.route);
         self.with_entries(|map, now| {
             let Some(entry) = map.get_mut(key).filter(|e| e.live(now)) else {
                 return Claim::Mismatch;

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::log::{ClaimLog, Settled};
 use super::{
-    Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token, unix_millis,
+    Claim, DeliveryKey, Lifetimes, RouteLifetimes, Status, Store, StoreError, StoredResponse,
+    Token, unix_millis,
 };
 use crate::providers::Fingerprint;
 
@@ -126,13 +127,14 @@ struct Inner {
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
-    lifetimes: Lifetimes,
+    lifetimes: RouteLifetimes,
 }
 
 impl MemoryStore {
     /// Creates the store; inside a tokio runtime it also starts a sweeper that drops
     /// expired entries once a second, so memory follows retention.
-    pub fn new(lifetimes: Lifetimes) -> Self {
+    pub fn new(lifetimes: impl Into<RouteLifetimes>) -> Self {
+        let lifetimes = lifetimes.into();
         let inner = Arc::new(Inner::default());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Inner> = Arc::downgrade(&inner);
@@ -197,7 +199,7 @@ impl MemoryStore {
         fp: &Fingerprint,
         kept: Option<&crate::store::log::KeptRequest>,
     ) -> Claim {
-        let Lifetimes { lease, retention } = self.lifetimes;
+        let Lifetimes { lease, retention } = self.lifetimes.of(&key.route);
         let ms = unix_millis();
         if map.get(key).is_some_and(|e| !e.live(now)) {
             map.remove(key);
@@ -291,7 +293,7 @@ impl Store for MemoryStore {
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        let lease = self.lifetimes.lease;
+        let lease = self.lifetimes.of(&key.route).lease;
         self.owned(key, token, |e, now| {
             let until = later(now, lease);
             e.owner = Some((token, until));
@@ -307,7 +309,7 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let retention = self.lifetimes.retention;
+        let retention = self.lifetimes.of(&key.route).retention;
         self.owned(key, token, |e, now| {
             e.complete(response, later(now, retention));
             e.note(settled);
@@ -323,7 +325,7 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let retention = self.lifetimes.retention;
+        let retention = self.lifetimes.of(&key.route).retention;
         self.with_entries(|map, now| {
             if let Some(e) = map.get(key).filter(|e| e.live(now)) {
                 if e.live_owner(now).is_some() || e.differs(fp) {
@@ -388,7 +390,7 @@ impl MemoryStore {
         token: Token,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let keep = self.lifetimes.retention.max(keep_for);
+        let keep = self.lifetimes.of(&key.route).retention.max(keep_for);
         self.owned(key, token, |e, now| {
             e.status = Status::Queued;
             e.owner = None;
@@ -403,7 +405,7 @@ impl MemoryStore {
         key: &DeliveryKey,
         keep_for: Duration,
     ) -> Result<DeliveryLock, StoreError> {
-        let Lifetimes { lease, retention } = self.lifetimes;
+        let Lifetimes { lease, retention } = self.lifetimes.of(&key.route);
         let keep = retention.max(keep_for);
         self.with_entries(|map, now| {
             let ms = unix_millis();
@@ -439,7 +441,7 @@ impl MemoryStore {
         response: &StoredResponse,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let keep = self.lifetimes.retention.max(keep_for);
+        let keep = self.lifetimes.of(&key.route).retention.max(keep_for);
         self.owned(key, token, |e, now| e.complete(response, later(now, keep)))
     }
 
