@@ -21,6 +21,8 @@ mod redact;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_dedup;
+#[cfg(test)]
 mod tests_redact;
 pub mod topology;
 mod tracing;

@@ -152,6 +152,51 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         assert!(from_toml_with_env(&text, |_| None).is_ok());
     }
 
+    /// `ROUTE` under another name and path.
+    fn named(name: &str) -> String {
+        ROUTE
+            .replace("name = \"wh\"", &format!("name = \"{name}\""))
+            .replace("/webhooks/wh\"", &format!("/webhooks/{name}\""))
+    }
+
+    #[test]
+    fn a_routes_own_retention_must_exceed_its_tolerance() {
+        // The third route (`route[2]`) sets a retention inside its 5m window.
+        let two = format!("{ROUTE}{}", named("wh2"));
+        let text = format!("{two}{}retention = \"5m\"\n", named("wh3"));
+        let e = err(&text);
+        assert_eq!(e.field, "route[2].retention");
+        assert!(e.message.contains("route `wh3`'s tolerance (5m)"), "{e}");
+        // Its own retention, long enough, stands beside a default that is too short
+        // for a route that inherits it (that one is named as `dedup.retention`).
+        let own = format!("{}retention = \"1h\"\n", named("wh3"));
+        let text = format!("[dedup]\nretention = \"5m\"\n{own}");
+        assert!(from_toml_with_env(&text, |_| None).is_ok());
+        let text = format!("[dedup]\nretention = \"5m\"\n{own}{ROUTE}");
+        assert_eq!(err(&text).field, "dedup.retention");
+        // A longer tolerance needs a longer retention on that route only.
+        let text = format!("{}tolerance = \"2h\"\nretention = \"2h\"\n", ROUTE);
+        assert_eq!(err(&text).field, "route[0].retention");
+    }
+
+    #[test]
+    fn a_built_route_holds_its_effective_dedup_settings() {
+        let text = format!(
+            "[dedup]\nin_flight = \"wait\"\n{ROUTE}lease = \"45s\"\nretention = \"7d\"\n{}",
+            named("wh2")
+        );
+        let (config, routes) = from_toml_with_env(&text, |_| None).unwrap();
+        let own = routes.route(&config, 0).unwrap();
+        assert_eq!(own.dedup.lease, std::time::Duration::from_secs(45));
+        assert_eq!(
+            own.dedup.retention,
+            std::time::Duration::from_secs(7 * 86400)
+        );
+        assert_eq!(own.dedup.in_flight, crate::config::InFlightPolicy::Wait);
+        let inherits = routes.route(&config, 1).unwrap();
+        assert_eq!(inherits.dedup, config.dedup);
+    }
+
     #[test]
     fn an_order_key_must_be_a_key_source() {
         let text = format!("{ROUTE}mode = \"async\"\norder_key = \"body:/x\"\n");
