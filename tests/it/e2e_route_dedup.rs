@@ -1,0 +1,240 @@
+//! End-to-end: dedup settings per route (README's Configuration, docs/providers.md's
+//! "Dedup settings per route"). In one sidecar, routes with different retentions each
+//! keep and forget their keys (answers and delivery log entries) on their own schedule;
+//! a sync and an async route each hold their claims for their own lease, renewed at
+//! their own pace; an operator's replay holds its route's lease. On the memory store
+//! and on Redis, with real sidecar processes and a recording upstream.
+
+use std::time::{Duration, Instant};
+
+use crate::common::admin::{TOKEN, api, delivery_path};
+use crate::common::*;
+
+/// A standard route named `name` at `/webhooks/{name}` with `extra` route lines.
+fn route(name: &str, extra: &str) -> RouteCfg {
+    let mut r = RouteCfg::standard(name, &format!("/webhooks/{name}"));
+    r.extra = format!("{extra}\n");
+    r
+}
+
+/// A delivery to route `name`.
+fn to(name: &str) -> Delivery {
+    Delivery::fresh().path(&format!("/webhooks/{name}"))
+}
+
+/// `d` sent again now, as a provider's retry is: the same delivery, freshly signed
+/// (`brief` and `mid` take a 1 s timestamp window, shorter than their retention).
+async fn resend(sc: &Sidecar, d: &Delivery) -> Answer {
+    sc.send(&d.clone().ts(now_secs())).await
+}
+
+/// A sidecar on `store` with the admin API on and `routes`.
+fn sidecar(up: &Upstream, store: &str, routes: Vec<RouteCfg>) -> SidecarBuilder {
+    let mut b = SidecarBuilder::new(&up.url(), store)
+        .top("admin_token", "ops=env:OPS_TOKEN")
+        .env("OPS_TOKEN", crate::common::admin::OPS_TOKEN)
+        .env("IDEMGATE_ADMIN_TOKEN", TOKEN);
+    for r in routes {
+        b = b.route(r);
+    }
+    b
+}
+
+/// The delivery log's entry of `d` on route `name`: its HTTP status and JSON.
+async fn shown(sc: &Sidecar, name: &str, d: &Delivery) -> (u16, serde_json::Value) {
+    let a = api(sc, "GET", &delivery_path(name, &d.id), Some(TOKEN)).await;
+    (a.status, a.json)
+}
+
+/// Waits until the delivery log no longer has `d` on route `name` (its retention ran
+/// out), or panics after `deadline`.
+async fn wait_forgotten(sc: &Sidecar, name: &str, d: &Delivery, deadline: Duration) {
+    let end = Instant::now() + deadline;
+    loop {
+        let (status, json) = shown(sc, name, d).await;
+        if status == 404 {
+            return;
+        }
+        assert_eq!(status, 200, "{json}");
+        assert!(
+            Instant::now() < end,
+            "route {name}'s delivery still in the log: {json}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Three routes in one sidecar: `brief` keeps its keys 2 s, `mid` 6 s, `kept` the
+/// `[dedup]` default (1 h). Each is answered from the store and listed in the delivery
+/// log until its own retention runs out, then forgotten (the next copy is forwarded),
+/// while the others still hold theirs.
+async fn routes_keep_and_forget_on_their_own_schedules(kind: StoreKind) {
+    let store = TestStore::new(kind);
+    let up = Upstream::start().await;
+    let sc = sidecar(
+        &up,
+        &store.url(),
+        vec![
+            route("brief", "lease = \"1s\"\nretention = \"2s\"").tolerance("1s"),
+            route("mid", "lease = \"1s\"\nretention = \"6s\"").tolerance("1s"),
+            route("kept", ""),
+        ],
+    )
+    .top("upstream_timeout", "1s")
+    .store_opt("timeout", "500ms")
+    .start()
+    .await;
+    let (brief, mid, kept) = (to("brief"), to("mid"), to("kept"));
+    for (name, d) in [("brief", &brief), ("mid", &mid), ("kept", &kept)] {
+        let a = resend(&sc, d).await;
+        assert_eq!(a.status, 200, "{name}: {}", a.text());
+        assert!(!a.replayed(), "{name}");
+        assert!(
+            resend(&sc, d).await.replayed(),
+            "{name}'s copy was forwarded"
+        );
+        assert_eq!(shown(&sc, name, d).await.0, 200, "{name}");
+    }
+    assert_eq!(up.count(), 3);
+
+    // `brief` forgets first; `mid` and `kept` still answer from the store.
+    wait_forgotten(&sc, "brief", &brief, Duration::from_secs(10)).await;
+    for (name, d) in [("mid", &mid), ("kept", &kept)] {
+        assert_eq!(
+            shown(&sc, name, d).await.0,
+            200,
+            "{name} forgotten with brief"
+        );
+        assert!(
+            resend(&sc, d).await.replayed(),
+            "{name} forgotten with brief"
+        );
+    }
+    assert_eq!(up.count(), 3);
+    let again = resend(&sc, &brief).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert!(!again.replayed(), "brief's key outlived its retention");
+    assert_eq!(up.count(), 4);
+
+    // Then `mid`; `kept` still holds its key.
+    wait_forgotten(&sc, "mid", &mid, Duration::from_secs(15)).await;
+    assert_eq!(shown(&sc, "kept", &kept).await.0, 200);
+    assert!(
+        resend(&sc, &kept).await.replayed(),
+        "kept forgotten with mid"
+    );
+    let again = resend(&sc, &mid).await;
+    assert!(!again.replayed(), "mid's key outlived its retention");
+    assert_eq!(up.count(), 5);
+}
+
+#[tokio::test]
+async fn routes_keep_and_forget_on_their_own_schedules_on_memory() {
+    routes_keep_and_forget_on_their_own_schedules(StoreKind::Memory).await;
+}
+
+#[tokio::test]
+async fn routes_keep_and_forget_on_their_own_schedules_on_redis() {
+    routes_keep_and_forget_on_their_own_schedules(StoreKind::Redis).await;
+}
+
+/// `sync` and `queued` (async) hold their claims 1 s, `long` 60 s, `[dedup]` says 30 s;
+/// the application takes 3 s to answer each call. A claim renewed at the default's
+/// pace (every 10 s) would lapse under a 1 s lease and let a copy through (sync) or
+/// lose the worker's delivery (async); `long`'s copies are told to come back in about
+/// its own lease, during a delivery and during an operator's replay.
+async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
+    let store = TestStore::new(kind);
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Stall(Duration::from_secs(3)));
+    let mut long = route("long", "lease = \"60s\"");
+    long.extra += "keep_payload = true\n";
+    let sc = sidecar(
+        &up,
+        &store.url(),
+        vec![
+            route("sync", "lease = \"1s\""),
+            route(
+                "queued",
+                "mode = \"async\"\nlease = \"1s\"\nbackoff = \"100ms\"",
+            ),
+            long,
+        ],
+    )
+    .top("upstream_timeout", "10s")
+    .store_opt("timeout", "500ms")
+    .start()
+    .await;
+
+    // sync: a copy after the lease's length is still refused, and told to come back
+    // within it.
+    let d = to("sync");
+    let first = sc.send_spawned(&d);
+    up.wait_for_count(1, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let copy = sc.send(&d).await;
+    copy.assert_error(409, "in_flight");
+    assert!(copy.retry_after() <= 1, "{copy:?}");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(sc.send(&d).await.replayed());
+    assert_eq!(up.count(), 1);
+
+    // long: a copy is told to come back after most of its 60 s lease (the default
+    // 30 s could never say more than 30).
+    let d = to("long");
+    let first = sc.send_spawned(&d);
+    up.wait_for_count(2, Duration::from_secs(5)).await;
+    let copy = sc.send(&d).await;
+    copy.assert_error(409, "in_flight");
+    assert!(copy.retry_after() >= 40, "{copy:?}");
+    assert_eq!(first.await.unwrap().status, 200);
+
+    // An operator's replay of it holds the same lease.
+    let path = format!("{}/replay", delivery_path("long", &d.id));
+    let replay = {
+        let sc_url = sc.admin_url(&path);
+        let client = sc.client.clone();
+        tokio::spawn(async move {
+            client
+                .post(sc_url)
+                .bearer_auth(TOKEN)
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    up.wait_for_count(3, Duration::from_secs(5)).await;
+    let copy = sc.send(&d).await;
+    copy.assert_error(409, "in_flight");
+    assert!(copy.retry_after() >= 40, "{copy:?}");
+    assert_eq!(replay.await.unwrap().unwrap(), 200);
+
+    // queued: the worker's 3 s call under a 1 s lease is delivered once and recorded.
+    let d = to("queued");
+    let ack = sc.send(&d).await;
+    assert_eq!(ack.status, 200, "{}", ack.text());
+    up.wait_for_count(4, Duration::from_secs(5)).await;
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, json) = shown(&sc, "queued", &d).await;
+        if status == 200 && json["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < end, "not completed: {status} {json}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    up.assert_count_stays(4, Duration::from_millis(1500)).await;
+    sc.assert_log_lacks(&["claim lost", "lease lost"]);
+}
+
+#[tokio::test]
+async fn sync_and_async_routes_hold_their_own_leases_on_memory() {
+    sync_and_async_routes_hold_their_own_leases(StoreKind::Memory).await;
+}
+
+#[tokio::test]
+async fn sync_and_async_routes_hold_their_own_leases_on_redis() {
+    sync_and_async_routes_hold_their_own_leases(StoreKind::Redis).await;
+}
