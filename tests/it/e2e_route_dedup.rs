@@ -138,27 +138,72 @@ async fn routes_keep_and_forget_on_their_own_schedules_on_redis() {
     routes_keep_and_forget_on_their_own_schedules(StoreKind::Redis).await;
 }
 
+/// Once the application has its `calls`-th call (one of `sync`'s) and `sync`'s 1 s
+/// lease has passed, a copy of `d` is still refused (the claim was renewed at the
+/// route's pace, not the default's every 10 s) and told to come back within that
+/// lease.
+async fn copy_held_past_the_short_lease(sc: &Sidecar, up: &Upstream, d: &Delivery, calls: usize) {
+    up.wait_for_count(calls, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let copy = sc.send(d).await;
+    copy.assert_error(409, "in_flight");
+    assert!(copy.retry_after() <= 1, "{copy:?}");
+}
+
+/// Once the application has its `calls`-th call (one of `long`'s), a copy of `d` is
+/// refused and told to come back after most of `long`'s 60 s lease (the `[dedup]`
+/// lease, 30 s, could never say more than 30).
+async fn copy_waits_for_the_long_lease(sc: &Sidecar, up: &Upstream, d: &Delivery, calls: usize) {
+    up.wait_for_count(calls, Duration::from_secs(5)).await;
+    let copy = sc.send(d).await;
+    copy.assert_error(409, "in_flight");
+    assert!(copy.retry_after() >= 40, "{copy:?}");
+}
+
+/// An admin POST of `body` (JSON) to `path`, spawned: its status and JSON.
+fn post_admin(
+    sc: &Sidecar,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> tokio::task::JoinHandle<Result<(u16, serde_json::Value), reqwest::Error>> {
+    let mut rb = sc
+        .client
+        .post(sc.admin_url(path))
+        .bearer_auth(TOKEN)
+        .timeout(Duration::from_secs(20));
+    if let Some(b) = body {
+        rb = rb
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    tokio::spawn(async move {
+        let r = rb.send().await?;
+        let status = r.status().as_u16();
+        let text = r.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or_default()))
+    })
+}
+
 /// `sync` and `queued` (async) hold their claims 1 s, `long` 60 s, `[dedup]` says 30 s;
 /// the application takes 3 s to answer each call. A claim renewed at the default's
 /// pace (every 10 s) would lapse under a 1 s lease and let a copy through (sync) or
-/// lose the worker's delivery (async); `long`'s copies are told to come back in about
-/// its own lease, during a delivery and during an operator's replay.
+/// lose the worker's delivery (async), and an operator's replay (API, bulk job, CLI)
+/// holds and renews the route's lease the same way; `long`'s copies are told to come
+/// back in about its own lease.
 async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     let store = TestStore::new(kind);
     let up = Upstream::start().await;
     up.set_mode(Mode::Stall(Duration::from_secs(3)));
-    let mut long = route("long", "lease = \"60s\"");
-    long.extra += "keep_payload = true\n";
     let sc = sidecar(
         &up,
         &store.url(),
         vec![
-            route("sync", "lease = \"1s\""),
+            route("sync", "lease = \"1s\"\nkeep_payload = true"),
             route(
                 "queued",
                 "mode = \"async\"\nlease = \"1s\"\nbackoff = \"100ms\"",
             ),
-            long,
+            route("long", "lease = \"60s\""),
         ],
     )
     .top("upstream_timeout", "10s")
@@ -168,54 +213,73 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
 
     // sync: a copy after the lease's length is still refused, and told to come back
     // within it.
-    let d = to("sync");
-    let first = sc.send_spawned(&d);
-    up.wait_for_count(1, Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let copy = sc.send(&d).await;
-    copy.assert_error(409, "in_flight");
-    assert!(copy.retry_after() <= 1, "{copy:?}");
+    let synced = to("sync");
+    let first = sc.send_spawned(&synced);
+    copy_held_past_the_short_lease(&sc, &up, &synced, 1).await;
     let first = first.await.unwrap();
     assert_eq!(first.status, 200, "{}", first.text());
-    assert!(sc.send(&d).await.replayed());
+    assert!(sc.send(&synced).await.replayed());
     assert_eq!(up.count(), 1);
 
-    // long: a copy is told to come back after most of its 60 s lease (the default
-    // 30 s could never say more than 30).
+    // long: a copy is told to come back after most of its 60 s lease.
     let d = to("long");
     let first = sc.send_spawned(&d);
-    up.wait_for_count(2, Duration::from_secs(5)).await;
-    let copy = sc.send(&d).await;
-    copy.assert_error(409, "in_flight");
-    assert!(copy.retry_after() >= 40, "{copy:?}");
+    copy_waits_for_the_long_lease(&sc, &up, &d, 2).await;
     assert_eq!(first.await.unwrap().status, 200);
 
-    // An operator's replay of it holds the same lease.
-    let path = format!("{}/replay", delivery_path("long", &d.id));
-    let replay = {
-        let sc_url = sc.admin_url(&path);
-        let client = sc.client.clone();
-        tokio::spawn(async move {
-            client
-                .post(sc_url)
-                .bearer_auth(TOKEN)
-                .timeout(Duration::from_secs(20))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        })
-    };
-    up.wait_for_count(3, Duration::from_secs(5)).await;
-    let copy = sc.send(&d).await;
-    copy.assert_error(409, "in_flight");
-    assert!(copy.retry_after() >= 40, "{copy:?}");
-    assert_eq!(replay.await.unwrap().unwrap(), 200);
+    // An operator's replay of the sync delivery holds (and renews) the route's 1 s
+    // lease: through the API, ...
+    let path = format!("{}/replay", delivery_path("sync", &synced.id));
+    let replay = post_admin(&sc, &path, None);
+    copy_held_past_the_short_lease(&sc, &up, &synced, 3).await;
+    assert_eq!(replay.await.unwrap().unwrap().0, 200);
+    // ... in a bulk job, ...
+    let job =
+        serde_json::json!({"kind": "replay", "route": "sync", "filter": {"status": "completed"}});
+    let (status, started) = post_admin(&sc, "/admin/jobs", Some(job))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 202, "{started}");
+    copy_held_past_the_short_lease(&sc, &up, &synced, 4).await;
+    let id = started["id"].as_str().unwrap().to_string();
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let j = api(&sc, "GET", &format!("/admin/jobs/{id}"), Some(TOKEN))
+            .await
+            .json;
+        if j["state"] == "done" {
+            assert_eq!((&j["done"], &j["failed"]), (&1.into(), &0.into()), "{j}");
+            break;
+        }
+        assert!(Instant::now() < end, "job never done: {j}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ... and from the CLI, which reads the route's lease from the same file (on
+    // Redis: the CLI is another process).
+    let mut calls = 4;
+    if kind == StoreKind::Redis {
+        let cli = crate::common::admin::Cli::new(&sc);
+        let key = synced.id.clone();
+        let replay = tokio::task::spawn_blocking(move || {
+            cli.run(&["deliveries", "replay", "sync", &key])
+                .status
+                .success()
+        });
+        calls += 1;
+        copy_held_past_the_short_lease(&sc, &up, &synced, calls).await;
+        assert!(replay.await.unwrap(), "the CLI's replay failed");
+    }
+    // No copy got through: every call was the delivery or a replay.
+    assert!(sc.send(&synced).await.replayed());
+    assert_eq!(up.count(), calls);
 
     // queued: the worker's 3 s call under a 1 s lease is delivered once and recorded.
     let d = to("queued");
     let ack = sc.send(&d).await;
     assert_eq!(ack.status, 200, "{}", ack.text());
-    up.wait_for_count(4, Duration::from_secs(5)).await;
+    calls += 1;
+    up.wait_for_count(calls, Duration::from_secs(5)).await;
     let end = Instant::now() + Duration::from_secs(15);
     loop {
         let (status, json) = shown(&sc, "queued", &d).await;
@@ -225,7 +289,8 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
         assert!(Instant::now() < end, "not completed: {status} {json}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    up.assert_count_stays(4, Duration::from_millis(1500)).await;
+    up.assert_count_stays(calls, Duration::from_millis(1500))
+        .await;
     sc.assert_log_lacks(&["claim lost", "lease lost"]);
 }
 
