@@ -198,6 +198,30 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
     }
 
     #[test]
+    fn the_per_route_example_in_docs_providers_loads_as_described() {
+        let doc = include_str!("../../docs/providers.md");
+        let section = &doc[doc
+            .find("## Dedup settings per route")
+            .expect("the section")..];
+        let start = section.find("```toml\n").expect("its example") + "```toml\n".len();
+        let example = &section[start..start + section[start..].find("```").unwrap()];
+        let env = |name: &str| {
+            name.ends_with("_SECRET")
+                .then(|| format!("whsec_test_{name}"))
+        };
+        let (config, routes) = from_toml_with_env(example, env).expect("the example loads");
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let payments = routes.route(&config, 0).unwrap();
+        assert_eq!(payments.dedup.retention, day * 4);
+        assert_eq!(payments.dedup.lease, std::time::Duration::from_secs(45));
+        let chat = routes.route(&config, 1).unwrap();
+        assert_eq!(chat.dedup.retention, std::time::Duration::from_secs(3600));
+        assert_eq!(chat.dedup.in_flight, crate::config::InFlightPolicy::Wait);
+        assert_eq!(chat.dedup.wait_timeout, std::time::Duration::from_secs(2));
+        assert_eq!(config.dedup.retention, day * 3);
+    }
+
+    #[test]
     fn an_order_key_must_be_a_key_source() {
         let text = format!("{ROUTE}mode = \"async\"\norder_key = \"body:/x\"\n");
         assert_eq!(err(&text).field, "route[0].order_key");
