@@ -184,12 +184,66 @@ fn post_admin(
     })
 }
 
+/// A replay of `key` on route `route` from the console page, as an operator signs in,
+/// confirms and posts it (spawned): the post's status.
+async fn page_replay(sc: &Sidecar, route: &str, key: &str) -> tokio::task::JoinHandle<u16> {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let csrf_of = |html: &str| {
+        html.split("name=csrf value=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .expect("a CSRF token in the form")
+            .to_string()
+    };
+    let form = client
+        .get(sc.admin_url("/admin/login"))
+        .send()
+        .await
+        .unwrap();
+    let login_cookie = form.headers()["set-cookie"].to_str().unwrap();
+    let login_cookie = login_cookie.split(';').next().unwrap().to_string();
+    let csrf = csrf_of(&form.text().await.unwrap());
+    let ops = crate::common::admin::OPS_TOKEN;
+    let ok = client
+        .post(sc.admin_url("/admin/login"))
+        .header("cookie", &login_cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&token={ops}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 303, "sign-in");
+    let session = ok.headers()["set-cookie"].to_str().unwrap();
+    let session = session.split(';').next().unwrap().to_string();
+    let view = format!(
+        "/admin/view/{route}/{}",
+        percent_encoding::utf8_percent_encode(key, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let confirm = client
+        .get(sc.admin_url(&format!("{view}/confirm?action=replay")))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&confirm.text().await.unwrap());
+    let post = client
+        .post(sc.admin_url(&format!("{view}/replay")))
+        .header("cookie", &session)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}"));
+    tokio::spawn(async move { post.send().await.unwrap().status().as_u16() })
+}
+
 /// `sync` and `queued` (async) hold their claims 1 s, `long` 60 s, `[dedup]` says 30 s;
 /// the application takes 3 s to answer each call. A claim renewed at the default's
 /// pace (every 10 s) would lapse under a 1 s lease and let a copy through (sync) or
-/// lose the worker's delivery (async), and an operator's replay (API, bulk job, CLI)
-/// holds and renews the route's lease the same way; `long`'s copies are told to come
-/// back in about its own lease.
+/// lose the worker's delivery (async), and an operator's replay (API, console page,
+/// bulk job, CLI) holds and renews the route's lease the same way; `long`'s copies are
+/// told to come back in about its own lease.
 async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     let store = TestStore::new(kind);
     let up = Upstream::start().await;
@@ -233,6 +287,11 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     let replay = post_admin(&sc, &path, None);
     copy_held_past_the_short_lease(&sc, &up, &synced, 3).await;
     assert_eq!(replay.await.unwrap().unwrap().0, 200);
+    // ... from the console page, ...
+    let replay = page_replay(&sc, "sync", &synced.id).await;
+    copy_held_past_the_short_lease(&sc, &up, &synced, 4).await;
+    let status = replay.await.unwrap();
+    assert!(status < 400, "the page's replay answered {status}");
     // ... in a bulk job, ...
     let job =
         serde_json::json!({"kind": "replay", "route": "sync", "filter": {"status": "completed"}});
@@ -241,7 +300,7 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
         .unwrap()
         .unwrap();
     assert_eq!(status, 202, "{started}");
-    copy_held_past_the_short_lease(&sc, &up, &synced, 4).await;
+    copy_held_past_the_short_lease(&sc, &up, &synced, 5).await;
     let id = started["id"].as_str().unwrap().to_string();
     let end = Instant::now() + Duration::from_secs(15);
     loop {
@@ -257,7 +316,7 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     }
     // ... and from the CLI, which reads the route's lease from the same file (on
     // Redis: the CLI is another process).
-    let mut calls = 4;
+    let mut calls = 5;
     if kind == StoreKind::Redis {
         let cli = crate::common::admin::Cli::new(&sc);
         let key = synced.id.clone();
