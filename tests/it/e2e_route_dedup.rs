@@ -2,7 +2,8 @@
 //! "Dedup settings per route"). In one sidecar, routes with different retentions each
 //! keep and forget their keys (answers and delivery log entries) on their own schedule;
 //! a sync and an async route each hold their claims for their own lease, renewed at
-//! their own pace; an operator's replay holds its route's lease. On the memory store
+//! their own pace; an operator's replay holds its route's lease; each route answers a
+//! copy in flight by its own `in_flight` and `wait_timeout`. On the memory store
 //! and on Redis, with real sidecar processes and a recording upstream.
 
 use std::time::{Duration, Instant};
@@ -361,4 +362,58 @@ async fn sync_and_async_routes_hold_their_own_leases_on_memory() {
 #[tokio::test]
 async fn sync_and_async_routes_hold_their_own_leases_on_redis() {
     sync_and_async_routes_hold_their_own_leases(StoreKind::Redis).await;
+}
+
+/// `[dedup]` says `in_flight = "wait"` for 5 s; `refuses` sets `reject`, `brief` waits
+/// only 200 ms; the application takes 2 s. A copy sent while the first is in flight:
+/// on `waits` it waits and gets the first one's answer, on `refuses` it gets 409 at
+/// once, on `brief` 409 after its own short wait.
+async fn each_route_answers_copies_in_flight_by_its_own_policy(kind: StoreKind) {
+    let store = TestStore::new(kind);
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Stall(Duration::from_secs(2)));
+    let sc = sidecar(
+        &up,
+        &store.url(),
+        vec![
+            route("waits", ""),
+            route("refuses", "in_flight = \"reject\""),
+            route("brief", "wait_timeout = \"200ms\""),
+        ],
+    )
+    .dedup("in_flight", "wait")
+    .dedup("wait_timeout", "5s")
+    .start()
+    .await;
+    for (n, (name, waits)) in [("waits", true), ("refuses", false), ("brief", false)]
+        .into_iter()
+        .enumerate()
+    {
+        let d = to(name);
+        let first = sc.send_spawned(&d);
+        up.wait_for_count(n + 1, Duration::from_secs(5)).await;
+        let copy = sc.send(&d).await;
+        if waits {
+            assert_eq!(copy.status, 200, "{name}: {}", copy.text());
+            assert!(copy.replayed(), "{name}: the copy was forwarded");
+        } else {
+            copy.assert_error(409, "in_flight");
+        }
+        assert_eq!(first.await.unwrap().status, 200, "{name}");
+    }
+    assert_eq!(up.count(), 3);
+    // Each copy is counted on its own route.
+    sc.wait_requests_total("waits", "replayed", 1.0).await;
+    sc.wait_requests_total("refuses", "in_flight", 1.0).await;
+    sc.wait_requests_total("brief", "in_flight", 1.0).await;
+}
+
+#[tokio::test]
+async fn each_route_answers_copies_in_flight_by_its_own_policy_on_memory() {
+    each_route_answers_copies_in_flight_by_its_own_policy(StoreKind::Memory).await;
+}
+
+#[tokio::test]
+async fn each_route_answers_copies_in_flight_by_its_own_policy_on_redis() {
+    each_route_answers_copies_in_flight_by_its_own_policy(StoreKind::Redis).await;
 }

@@ -71,6 +71,7 @@ pub(crate) struct WriteTtls {
 }
 
 impl WriteTtls {
+    /// The lifetimes the writes of a route with lifetimes `l` give.
     pub(crate) fn of(l: Lifetimes) -> WriteTtls {
         WriteTtls {
             hash: ms(l.retention.max(l.lease)),
