@@ -63,7 +63,7 @@ impl<S: Store> App<S> {
         Operator {
             store: self.gate.store(),
             upstream: self.gate.upstream(),
-            lease: self.gate.lease(),
+            lifetimes: self.gate.lifetimes(),
             queue: self.queue.as_deref(),
             jobs: self.jobs.as_ref(),
         }

@@ -21,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
 use crate::server::Bound;
-use crate::store::{Lifetimes, MemoryStore};
+use crate::store::{MemoryStore, RouteLifetimes};
 
 /// What the built-in upstream saw: the `webhook-id` of every request, in order.
 type Seen = Arc<Mutex<Vec<String>>>;
@@ -165,10 +165,7 @@ secrets = ["{secret}"]
     );
     let (config, routes) =
         crate::providers::from_toml_with_env(&text, |_| None).map_err(|e| e.to_string())?;
-    let lifetimes = Lifetimes {
-        lease: config.dedup.lease,
-        retention: config.dedup.retention,
-    };
+    let lifetimes = RouteLifetimes::from_config(&config);
     let bound = Bound::bind(&config, &routes, MemoryStore::new(lifetimes))
         .await
         .map_err(|e| e.to_string())?;

@@ -15,10 +15,10 @@ use http::{Request, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 
-use crate::config::{Config, InFlightPolicy, OnStoreError};
+use crate::config::{Config, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
 use crate::providers::{self, Admission, Route};
-use crate::store::{DeliveryKey, Store, StoreError, StoredResponse, Token};
+use crate::store::{DeliveryKey, RouteLifetimes, Store, StoreError, StoredResponse, Token};
 use crate::trace::{self, Kind, Record, Tracer};
 use crate::upstream::{Outgoing, Upstream};
 
@@ -65,9 +65,9 @@ pub struct Gate<S> {
     max_body: usize,
     body_timeout: Duration,
     on_error: OnStoreError,
-    in_flight: InFlightPolicy,
-    wait_timeout: Duration,
-    lease: Duration,
+    /// Every route's lease and retention (for an operator's replay of any route's key;
+    /// a delivery reads its route's own `route.dedup`).
+    lifetimes: RouteLifetimes,
     /// The async routes' queue hand-off (docs/async.md), built before the gate.
     async_mode: Option<Arc<crate::queue::AsyncMode>>,
     /// Spans for each delivery (docs/tracing.md); off by default.
@@ -140,9 +140,7 @@ impl<S: Store> Gate<S> {
             max_body: config.max_body,
             body_timeout: config.body_timeout,
             on_error: config.store.on_error,
-            in_flight: config.dedup.in_flight,
-            wait_timeout: config.dedup.wait_timeout,
-            lease: config.dedup.lease,
+            lifetimes: RouteLifetimes::from_config(config),
             async_mode,
             tracer: Tracer::default(),
         })
@@ -207,9 +205,9 @@ impl<S: Store> Gate<S> {
         &self.upstream
     }
 
-    /// How long a claim holds without renewal.
-    pub fn lease(&self) -> Duration {
-        self.lease
+    /// Every route's lease and retention (`[dedup]`'s for a route not configured).
+    pub fn lifetimes(&self) -> &RouteLifetimes {
+        &self.lifetimes
     }
 
     /// Handles one delivery from receipt to answer, and records it (metric + log line).
@@ -400,7 +398,7 @@ impl<S: Store> Gate<S> {
                         .await;
                 }
             };
-            match decide(c, self.in_flight, waited) {
+            match decide(c, route.dedup.in_flight, waited) {
                 Step::Forward(token) if let Some((queue, _)) = self.async_route(route) => {
                     return queue.accept(&dkey, token, &parts, body, upstream_key).await;
                 }
@@ -438,7 +436,7 @@ impl<S: Store> Gate<S> {
                 Step::Refuse(r) => return (r.outcome, error_answer(&r)),
                 Step::Wait => {
                     waited = true;
-                    let deadline = tokio::time::Instant::now() + self.wait_timeout;
+                    let deadline = tokio::time::Instant::now() + route.dedup.wait_timeout;
                     let wait = self.store.wait_for(&dkey, &fp, deadline);
                     claim = self
                         .timed(StoreOp::Claim, trace::store_op("wait", wait))
@@ -587,7 +585,7 @@ impl<S: Store> Gate<S> {
         let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
         let t = Instant::now();
         let result = lease::renewing(
-            self.lease,
+            route.dedup.lease,
             || self.timed(StoreOp::Renew, self.store.renew(key, token)),
             trace::forward(&self.upstream, self.outgoing(parts, body, &pq, upstream_key)),
             |event| match event {

@@ -38,7 +38,7 @@ use crate::config::{Config, StoreUrl};
 use crate::conn::Lifetime;
 use crate::gate::Gate;
 use crate::providers::Routes;
-use crate::store::{Breaker, Lifetimes, MemoryOptions, MemoryStore, RedisStore, Store};
+use crate::store::{Breaker, MemoryOptions, MemoryStore, RedisStore, RouteLifetimes, Store};
 
 /// The largest request head (request line + headers) read into memory per
 /// connection; a larger one gets 431. Also caps the per-connection read buffer.
@@ -83,13 +83,10 @@ pub async fn run(
     routes: Routes,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let lifetimes = Lifetimes {
-        lease: config.dedup.lease,
-        retention: config.dedup.retention,
-    };
     match &config.store.url {
         StoreUrl::Memory | StoreUrl::File(_) => {
-            let options = MemoryOptions::new(lifetimes).max_memory(config.store.max_memory);
+            let options = MemoryOptions::new(RouteLifetimes::from_config(&config))
+                .max_memory(config.store.max_memory);
             // The `file:` store is the memory store journaled to its directory.
             let (store, queue) = match &config.store.url {
                 StoreUrl::File(dir) => crate::store::file::open(dir, config.store.fsync, options)?,

@@ -82,12 +82,68 @@ pub(super) fn within(field: &str, shown: &str, d: Duration) -> Result<Duration, 
 }
 
 /// The relations between durations that keep a delivery's claim and status alive as
-/// long as they are needed.
+/// long as they are needed: `[dedup]`'s, then each route's that sets its own `lease`
+/// or `retention` (named `route[i].…`; a route that sets neither is `[dedup]`'s case).
 pub(super) fn relations(c: &Config) -> Result<(), ConfigError> {
-    let (lease, timeout) = (c.dedup.lease, c.store.timeout);
+    lease_outlasts_renewals("dedup.lease", c.dedup.lease, c.store.timeout)?;
+    let needed = c.upstream_timeout + c.dedup.lease;
+    if c.dedup.retention < needed {
+        return Err(retention_too_short(
+            "dedup.retention",
+            c.dedup.retention,
+            "dedup.lease",
+            needed,
+        ));
+    }
+    for (i, r) in c.routes.iter().enumerate() {
+        let at = |f: &str| format!("route[{i}].{f}");
+        let own = &r.dedup;
+        let d = own.over(&c.dedup);
+        if own.lease.is_some() {
+            lease_outlasts_renewals(&at("lease"), d.lease, c.store.timeout)?;
+        }
+        let needed = c.upstream_timeout + d.lease;
+        if d.retention >= needed || (own.lease.is_none() && own.retention.is_none()) {
+            continue;
+        }
+        let lease = if own.lease.is_some() {
+            at("lease")
+        } else {
+            "dedup.lease".to_string()
+        };
+        if own.retention.is_some() {
+            return Err(retention_too_short(
+                &at("retention"),
+                d.retention,
+                &lease,
+                needed,
+            ));
+        }
+        // The route's own lease is too long for the retention it inherits.
+        return Err(ConfigError::new(
+            at("lease"),
+            format!(
+                "{} needs a retention of at least upstream_timeout + lease ({}), longer \
+                 than dedup.retention ({}): set {} too, or shorten the lease",
+                show(d.lease),
+                show(needed),
+                show(d.retention),
+                at("retention")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `lease` (the value of `field`) against the store timeout its renewals may stall for.
+fn lease_outlasts_renewals(
+    field: &str,
+    lease: Duration,
+    timeout: Duration,
+) -> Result<(), ConfigError> {
     if lease < timeout * LEASE_PER_STORE_TIMEOUT {
         return Err(ConfigError::new(
-            "dedup.lease",
+            field,
             format!(
                 "{} must be at least {LEASE_PER_STORE_TIMEOUT} × store.timeout ({}): a \
                  renewal that stalls for the store timeout would let the lease lapse \
@@ -97,20 +153,27 @@ pub(super) fn relations(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    let needed = c.upstream_timeout + lease;
-    if c.dedup.retention < needed {
-        return Err(ConfigError::new(
-            "dedup.retention",
-            format!(
-                "{} must be at least upstream_timeout + dedup.lease ({}): a delivery's \
-                 status must outlive its longest upstream call and the lease that \
-                 fences it, or its completion finds it gone",
-                show(c.dedup.retention),
-                show(needed)
-            ),
-        ));
-    }
     Ok(())
+}
+
+/// The error of a retention (the value of `field`) shorter than `upstream_timeout` +
+/// the lease named `lease`.
+fn retention_too_short(
+    field: &str,
+    retention: Duration,
+    lease: &str,
+    needed: Duration,
+) -> ConfigError {
+    ConfigError::new(
+        field,
+        format!(
+            "{} must be at least upstream_timeout + {lease} ({}): a delivery's status \
+             must outlive its longest upstream call and the lease that fences it, or its \
+             completion finds it gone",
+            show(retention),
+            show(needed)
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -22,6 +22,8 @@ mod store_url;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_dedup;
+#[cfg(test)]
 mod tests_redact;
 pub mod topology;
 mod tracing;
@@ -251,12 +253,36 @@ pub enum KeylessPolicy {
     Reject,
 }
 
-#[derive(Debug, Clone)]
+/// `[dedup]`, the default of every route, or one route's effective settings (its own
+/// keys over `[dedup]`'s).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DedupConfig {
     pub lease: Duration,
     pub retention: Duration,
     pub in_flight: InFlightPolicy,
     pub wait_timeout: Duration,
+}
+
+/// A route's own `lease`, `retention`, `in_flight` and `wait_timeout`: each one set
+/// overrides `[dedup]`'s for that route only.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DedupOverrides {
+    pub lease: Option<Duration>,
+    pub retention: Option<Duration>,
+    pub in_flight: Option<InFlightPolicy>,
+    pub wait_timeout: Option<Duration>,
+}
+
+impl DedupOverrides {
+    /// The route's effective settings: its own keys over `default` (`[dedup]`).
+    pub fn over(&self, default: &DedupConfig) -> DedupConfig {
+        DedupConfig {
+            lease: self.lease.unwrap_or(default.lease),
+            retention: self.retention.unwrap_or(default.retention),
+            in_flight: self.in_flight.unwrap_or(default.in_flight),
+            wait_timeout: self.wait_timeout.unwrap_or(default.wait_timeout),
+        }
+    }
 }
 
 /// One secret as configured: where it comes from (kept for redacted display), its
@@ -284,6 +310,8 @@ pub struct RouteConfig {
     /// Keep the request (size-capped, for `retention`) for an operator's replay.
     pub keep_payload: bool,
     pub mode: RouteMode,
+    /// The route's own dedup keys; `Config::dedup_of` gives its effective settings.
+    pub dedup: DedupOverrides,
 }
 
 /// The fields that only some providers read.
@@ -334,6 +362,15 @@ impl Config {
             ConfigError::new(field, msg)
         })?;
         validate(raw, &env)
+    }
+
+    /// The effective dedup settings of the route named `route` (its own keys over
+    /// `[dedup]`); `[dedup]` itself for a name no route has.
+    pub fn dedup_of(&self, route: &str) -> DedupConfig {
+        match self.routes.iter().find(|r| r.name == route) {
+            Some(r) => r.dedup.over(&self.dedup),
+            None => self.dedup,
+        }
     }
 
     /// Whether duplicates are only caught within this process.

@@ -102,6 +102,11 @@ pub(super) struct RawRoute {
     pub(super) retry_after_cap: Option<String>,
     /// Keep the request in the delivery log for an operator's replay.
     pub(super) keep_payload: Option<bool>,
+    // The route's own `[dedup]` keys (docs/providers.md, "Dedup settings per route")
+    pub(super) lease: Option<String>,
+    pub(super) retention: Option<String>,
+    pub(super) in_flight: Option<String>,
+    pub(super) wait_timeout: Option<String>,
 }
 
 /// A field written as one string or a list of them.

@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{
-    Config, FsyncPolicy, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteMode,
-    Secret, StoreUrl,
+    Config, DedupConfig, FsyncPolicy, HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError,
+    RouteMode, Secret, StoreUrl,
 };
 
 impl Secret {
@@ -25,6 +25,25 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The dedup keys as TOML lines, for `[dedup]` and for each route's effective values.
+fn dedup_lines(out: &mut String, dedup: &DedupConfig) {
+    use std::fmt::Write;
+    let d = |d: Duration| q(&humantime::format_duration(d).to_string());
+    let in_flight = match dedup.in_flight {
+        InFlightPolicy::Reject => "reject",
+        InFlightPolicy::Wait => "wait",
+    };
+    let _ = writeln!(out, "lease = {}", d(dedup.lease));
+    let _ = writeln!(out, "retention = {}", d(dedup.retention));
+    let _ = writeln!(out, "in_flight = {}", q(in_flight));
+    let _ = writeln!(out, "wait_timeout = {}", d(dedup.wait_timeout));
+}
+
+/// A TOML string.
+fn q(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
 /// How a secret source is shown: `env:` and `file:` names are not secret, literals are.
 pub fn redact_source(source: &str) -> String {
     if source.starts_with("env:") || source.starts_with("file:") {
@@ -39,7 +58,6 @@ impl Config {
     pub fn redacted_toml(&self) -> String {
         use std::fmt::Write;
         let d = |d: Duration| humantime::format_duration(d).to_string();
-        let q = |s: &str| toml::Value::String(s.to_string()).to_string();
         let mut out = String::new();
         let _ = writeln!(out, "listen = {}", q(&self.listen.to_string()));
         let _ = writeln!(out, "admin_listen = {}", q(&self.admin_listen.to_string()));
@@ -104,14 +122,7 @@ impl Config {
             q(&d(self.store.breaker_cooldown))
         );
         let _ = writeln!(out, "\n[dedup]");
-        let _ = writeln!(out, "lease = {}", q(&d(self.dedup.lease)));
-        let _ = writeln!(out, "retention = {}", q(&d(self.dedup.retention)));
-        let in_flight = match self.dedup.in_flight {
-            InFlightPolicy::Reject => "reject",
-            InFlightPolicy::Wait => "wait",
-        };
-        let _ = writeln!(out, "in_flight = {}", q(in_flight));
-        let _ = writeln!(out, "wait_timeout = {}", q(&d(self.dedup.wait_timeout)));
+        dedup_lines(&mut out, &self.dedup);
         let _ = writeln!(out, "\n[async]");
         let _ = writeln!(out, "claim_idle = {}", q(&d(self.async_queue.claim_idle)));
         let _ = writeln!(out, "max_queue = {}", self.async_queue.max_queue);
@@ -125,6 +136,8 @@ impl Config {
             let _ = writeln!(out, "provider = {}", q(&r.provider));
             let secrets: Vec<String> = r.secrets.iter().map(|s| q(&s.display())).collect();
             let _ = writeln!(out, "secrets = [{}]", secrets.join(", "));
+            // Every route's effective values, its own or `[dedup]`'s.
+            dedup_lines(&mut out, &r.dedup.over(&self.dedup));
             if let Some(t) = r.tolerance {
                 let _ = writeln!(out, "tolerance = {}", q(&d(t)));
             }

@@ -11,9 +11,9 @@ use super::parse::{
 };
 use super::raw::{RawConfig, RawRoute};
 use super::{
-    AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, HandshakeMode,
-    InFlightPolicy, KeylessPolicy, OnStoreError, RouteConfig, RouteMode, StoreConfig, StoreUrl,
-    Throttle, bounds,
+    AsyncConfig, AsyncRoute, Config, ConfigError, CustomFields, DedupConfig, DedupOverrides,
+    HandshakeMode, InFlightPolicy, KeylessPolicy, OnStoreError, RouteConfig, RouteMode,
+    StoreConfig, StoreUrl, Throttle, bounds,
 };
 
 /// A route's `mode` and, for `async`, its acknowledgement and delivery policy; the
@@ -84,6 +84,40 @@ fn route_mode(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<RouteMode, C
         throttle: throttle(r, at, &dur)?,
         order_key,
     }))
+}
+
+/// `in_flight` as written (`[dedup]`'s or a route's).
+fn in_flight(field: &str, text: &str) -> Result<InFlightPolicy, ConfigError> {
+    one_of(
+        field,
+        text,
+        &[
+            ("reject", InFlightPolicy::Reject),
+            ("wait", InFlightPolicy::Wait),
+        ],
+    )
+}
+
+/// A route's own `lease`, `retention`, `in_flight` and `wait_timeout`, each in the
+/// range of its `[dedup]` namesake (their relations: `bounds::relations`).
+fn route_dedup(r: &RawRoute, at: &impl Fn(&str) -> String) -> Result<DedupOverrides, ConfigError> {
+    let dur = |field: &str, v: &Option<String>| -> Result<Option<Duration>, ConfigError> {
+        let Some(text) = v else { return Ok(None) };
+        let d = parse_duration(&at(field), text)?;
+        if d.is_zero() {
+            return Err(ConfigError::new(at(field), "must be greater than zero"));
+        }
+        bounds::within(&format!("dedup.{field}"), &at(field), d).map(Some)
+    };
+    Ok(DedupOverrides {
+        lease: dur("lease", &r.lease)?,
+        retention: dur("retention", &r.retention)?,
+        in_flight: match &r.in_flight {
+            Some(text) => Some(in_flight(&at("in_flight"), text)?),
+            None => None,
+        },
+        wait_timeout: dur("wait_timeout", &r.wait_timeout)?,
+    })
 }
 
 /// The most deliveries per second `rate` (and `burst`) accept.
@@ -293,13 +327,9 @@ pub(super) fn validate(
     let dedup = DedupConfig {
         lease: dur("dedup.lease", rd.lease, "30s")?,
         retention: dur("dedup.retention", rd.retention, "72h")?,
-        in_flight: one_of(
+        in_flight: in_flight(
             "dedup.in_flight",
             rd.in_flight.as_deref().unwrap_or("reject"),
-            &[
-                ("reject", InFlightPolicy::Reject),
-                ("wait", InFlightPolicy::Wait),
-            ],
         )?,
         wait_timeout: dur("dedup.wait_timeout", rd.wait_timeout, "5s")?,
     };
@@ -310,6 +340,7 @@ pub(super) fn validate(
     for (i, r) in raw.routes.into_iter().enumerate() {
         let at = |f: &str| format!("route[{i}].{f}");
         let mode = route_mode(&r, &at)?;
+        let route_dedup = route_dedup(&r, &at)?;
         let name = r
             .name
             .ok_or_else(|| ConfigError::new(at("name"), "is required"))?;
@@ -411,6 +442,7 @@ pub(super) fn validate(
         };
         routes.push(RouteConfig {
             mode,
+            dedup: route_dedup,
             keyless,
             name,
             path,

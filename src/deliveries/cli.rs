@@ -277,7 +277,7 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
                 config.max_response,
             );
             let dkey = DeliveryKey::new(route.as_str(), key.as_str());
-            match deliveries::replay(store, &upstream, &dkey, config.dedup.lease).await {
+            match deliveries::replay(store, &upstream, &dkey, config.dedup_of(&route).lease).await {
                 Ok(d) => {
                     audit(
                         &who(),

@@ -556,7 +556,14 @@ impl<S: Store> JobRunner<S> {
     async fn replay(&self, route: &str, key: &str) -> Result<(), String> {
         let gate = &self.gate;
         let dkey = DeliveryKey::new(route, key);
-        match replay(gate.store(), gate.upstream(), &dkey, gate.lease()).await {
+        match replay(
+            gate.store(),
+            gate.upstream(),
+            &dkey,
+            gate.lifetimes().of(route).lease,
+        )
+        .await
+        {
             Ok(done) if done.recorded => Ok(()),
             Ok(done) => Err(format!("{} (upstream {})", done.outcome, done.status)),
             Err(e) => Err(e.to_string()),

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, HandshakeMode, KeylessPolicy, RouteConfig};
+use crate::config::{Config, DedupConfig, HandshakeMode, KeylessPolicy, RouteConfig};
 pub use admit::Admission;
 pub use handshake::Reply;
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
@@ -224,6 +224,9 @@ pub struct Route {
     pub success: SuccessRule,
     /// Whether the delivery log keeps this route's requests for an operator's replay.
     pub keep_payload: bool,
+    /// The route's effective lease, retention, in-flight policy and wait (its own keys
+    /// over `[dedup]`).
+    pub dedup: DedupConfig,
     /// For `ClaimKey::Content`: headers hashed with the body, because one body may
     /// legitimately arrive as several events (Shopify sends one order JSON as
     /// `orders/create` and `orders/paid`).
@@ -337,7 +340,6 @@ pub enum IdentifyError {
 
 /// Expands a route's preset into a `Route`. Errors name the field within the route.
 pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldError> {
-    let _ = config;
     if !PROVIDERS.contains(&cfg.provider.as_str()) {
         return Err(FieldError::new(
             "provider",
@@ -441,6 +443,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         success: preset.success,
         tolerance: preset.tolerance,
         keep_payload: cfg.keep_payload,
+        dedup: cfg.dedup.over(&config.dedup),
         key_header_prefix: format!("{}:", cfg.name),
         handshakes: handshake::Handshakes {
             kind: presets::handshake_kind(&cfg.provider),

@@ -27,11 +27,16 @@ impl Routes {
         for (i, r) in config.routes.iter().enumerate() {
             let route = build_route(r, config)
                 .map_err(|e| ConfigError::new(format!("route[{i}].{}", e.field), e.message))?;
+            // The route's own retention when it sets one, else `[dedup]`'s.
             if let Some(tol) = route.tolerance()
-                && config.dedup.retention <= tol
+                && route.dedup.retention <= tol
             {
+                let field = match r.dedup.retention {
+                    Some(_) => format!("route[{i}].retention"),
+                    None => "dedup.retention".to_string(),
+                };
                 return Err(ConfigError::new(
-                    "dedup.retention",
+                    field,
                     format!(
                         "must be longer than route `{}`'s tolerance ({}): otherwise a replayed \
                          request inside the window could find its key forgotten",
@@ -145,6 +150,75 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         assert_eq!(err(&text).field, "dedup.retention");
         let text = format!("[dedup]\nretention = \"5m1s\"\n{ROUTE}");
         assert!(from_toml_with_env(&text, |_| None).is_ok());
+    }
+
+    /// `ROUTE` under another name and path.
+    fn named(name: &str) -> String {
+        ROUTE
+            .replace("name = \"wh\"", &format!("name = \"{name}\""))
+            .replace("/webhooks/wh\"", &format!("/webhooks/{name}\""))
+    }
+
+    #[test]
+    fn a_routes_own_retention_must_exceed_its_tolerance() {
+        // The third route (`route[2]`) sets a retention inside its 5m window.
+        let two = format!("{ROUTE}{}", named("wh2"));
+        let text = format!("{two}{}retention = \"5m\"\n", named("wh3"));
+        let e = err(&text);
+        assert_eq!(e.field, "route[2].retention");
+        assert!(e.message.contains("route `wh3`'s tolerance (5m)"), "{e}");
+        // Its own retention, long enough, stands beside a default that is too short
+        // for a route that inherits it (that one is named as `dedup.retention`).
+        let own = format!("{}retention = \"1h\"\n", named("wh3"));
+        let text = format!("[dedup]\nretention = \"5m\"\n{own}");
+        assert!(from_toml_with_env(&text, |_| None).is_ok());
+        let text = format!("[dedup]\nretention = \"5m\"\n{own}{ROUTE}");
+        assert_eq!(err(&text).field, "dedup.retention");
+        // A longer tolerance needs a longer retention on that route only.
+        let text = format!("{}tolerance = \"2h\"\nretention = \"2h\"\n", ROUTE);
+        assert_eq!(err(&text).field, "route[0].retention");
+    }
+
+    #[test]
+    fn a_built_route_holds_its_effective_dedup_settings() {
+        let text = format!(
+            "[dedup]\nin_flight = \"wait\"\n{ROUTE}lease = \"45s\"\nretention = \"7d\"\n{}",
+            named("wh2")
+        );
+        let (config, routes) = from_toml_with_env(&text, |_| None).unwrap();
+        let own = routes.route(&config, 0).unwrap();
+        assert_eq!(own.dedup.lease, std::time::Duration::from_secs(45));
+        assert_eq!(
+            own.dedup.retention,
+            std::time::Duration::from_secs(7 * 86400)
+        );
+        assert_eq!(own.dedup.in_flight, crate::config::InFlightPolicy::Wait);
+        let inherits = routes.route(&config, 1).unwrap();
+        assert_eq!(inherits.dedup, config.dedup);
+    }
+
+    #[test]
+    fn the_per_route_example_in_docs_providers_loads_as_described() {
+        let doc = include_str!("../../docs/providers.md");
+        let section = &doc[doc
+            .find("## Dedup settings per route")
+            .expect("the section")..];
+        let start = section.find("```toml\n").expect("its example") + "```toml\n".len();
+        let example = &section[start..start + section[start..].find("```").unwrap()];
+        let env = |name: &str| {
+            name.ends_with("_SECRET")
+                .then(|| format!("whsec_test_{name}"))
+        };
+        let (config, routes) = from_toml_with_env(example, env).expect("the example loads");
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let payments = routes.route(&config, 0).unwrap();
+        assert_eq!(payments.dedup.retention, day * 4);
+        assert_eq!(payments.dedup.lease, std::time::Duration::from_secs(45));
+        let chat = routes.route(&config, 1).unwrap();
+        assert_eq!(chat.dedup.retention, std::time::Duration::from_secs(3600));
+        assert_eq!(chat.dedup.in_flight, crate::config::InFlightPolicy::Wait);
+        assert_eq!(chat.dedup.wait_timeout, std::time::Duration::from_secs(2));
+        assert_eq!(config.dedup.retention, day * 3);
     }
 
     #[test]

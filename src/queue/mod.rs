@@ -112,7 +112,6 @@ pub struct AsyncMode {
     routes: HashMap<String, Arc<AsyncRouteState>>,
     claim_idle: Duration,
     max_queue: u64,
-    lease: Duration,
     consumer: String,
     upstream: Upstream,
     stop: CancellationToken,
@@ -159,7 +158,6 @@ impl AsyncMode {
             routes,
             claim_idle: config.async_queue.claim_idle,
             max_queue: config.async_queue.max_queue,
-            lease: config.dedup.lease,
             consumer: consumer_name(),
             upstream: Upstream::new(
                 &config.upstream,

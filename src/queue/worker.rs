@@ -438,7 +438,7 @@ impl AsyncMode {
             },
         );
         let route = &*state.route.name;
-        lease::renewing(self.lease, || self.backend.renew(key, token), call, |event| match event {
+        lease::renewing(state.route.dedup.lease, || self.backend.renew(key, token), call, |event| match event {
             LeaseEvent::Lost => tracing::warn!(route, key = key.logged(), "delivery claim lost while the upstream call ran"),
             LeaseEvent::Failed(e) => tracing::warn!(route, key = key.logged(), error = %e, "renewing the delivery claim failed"),
         })

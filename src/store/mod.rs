@@ -170,13 +170,81 @@ pub struct BoundStats {
     pub max_bytes: u64,
 }
 
-/// Lease and retention, fixed per store at start.
-#[derive(Debug, Clone, Copy)]
+/// Lease and retention of one route's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifetimes {
     /// How long a claim holds without renewal.
     pub lease: Duration,
     /// How long a completed (or released) key is remembered.
     pub retention: Duration,
+}
+
+/// Every route's `Lifetimes`, fixed per store at start: a route's own (its `lease` and
+/// `retention` over `[dedup]`'s), or the default for a route not listed. Each use in a
+/// store is `self.lifetimes.of(&key.route)`.
+#[derive(Debug, Clone)]
+pub struct RouteLifetimes {
+    default: Lifetimes,
+    /// The routes whose lifetimes differ from `default`.
+    routes: std::sync::Arc<std::collections::HashMap<std::sync::Arc<str>, Lifetimes>>,
+}
+
+impl RouteLifetimes {
+    /// The lifetimes of the configured routes, `[dedup]`'s for any other route.
+    pub fn from_config(config: &crate::config::Config) -> RouteLifetimes {
+        let of = |d: &crate::config::DedupConfig| Lifetimes {
+            lease: d.lease,
+            retention: d.retention,
+        };
+        let mut table = RouteLifetimes::from(of(&config.dedup));
+        for r in &config.routes {
+            table = table.with_route(&r.name, of(&r.dedup.over(&config.dedup)));
+        }
+        table
+    }
+
+    /// These lifetimes with `route`'s set to `lifetimes`.
+    pub fn with_route(mut self, route: &str, lifetimes: Lifetimes) -> RouteLifetimes {
+        let routes = std::sync::Arc::make_mut(&mut self.routes);
+        if lifetimes == self.default {
+            routes.remove(route);
+        } else {
+            routes.insert(route.into(), lifetimes);
+        }
+        self
+    }
+
+    /// `[dedup]`'s lifetimes, those of any route that sets none.
+    pub fn default(&self) -> Lifetimes {
+        self.default
+    }
+
+    /// The shortest retention of any route (the in-process store's sweep pace).
+    pub fn shortest_retention(&self) -> Duration {
+        self.routes
+            .values()
+            .map(|l| l.retention)
+            .fold(self.default.retention, Duration::min)
+    }
+
+    /// The lifetimes of `route`'s keys.
+    pub fn of(&self, route: &str) -> Lifetimes {
+        // Most configurations set none per route: no lookup at all then.
+        if self.routes.is_empty() {
+            return self.default;
+        }
+        self.routes.get(route).copied().unwrap_or(self.default)
+    }
+}
+
+/// One set of lifetimes for every route.
+impl From<Lifetimes> for RouteLifetimes {
+    fn from(default: Lifetimes) -> RouteLifetimes {
+        RouteLifetimes {
+            default,
+            routes: Default::default(),
+        }
+    }
 }
 
 /// The atomic claim and its settlement. Every method is one store round trip.

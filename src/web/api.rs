@@ -130,7 +130,8 @@ pub(crate) async fn handle<S: Store>(
         }
         (&Method::POST, [route, key, "replay"]) => {
             let dkey = DeliveryKey::new(*route, *key);
-            let r = deliveries::replay(store, op.upstream, &dkey, op.lease).await;
+            let r =
+                deliveries::replay(store, op.upstream, &dkey, op.lifetimes.of(route).lease).await;
             replay_answer(caller, route, key, r)
         }
         _ => json_error(StatusCode::NOT_FOUND, "not_found", "no such admin endpoint"),

@@ -44,8 +44,8 @@ pub use crate::answer::Answer;
 pub struct Operator<'a, S> {
     pub store: &'a S,
     pub upstream: &'a crate::upstream::Upstream,
-    /// How long a replay's claim holds without renewal.
-    pub lease: Duration,
+    /// Every route's lease and retention: a replay's claim holds its route's lease.
+    pub lifetimes: &'a crate::store::RouteLifetimes,
     pub queue: Option<&'a AsyncMode>,
     /// Operators' bulk jobs (none without a queue backend).
     pub jobs: Option<&'a std::sync::Arc<crate::deliveries::jobs::JobRunner<S>>>,

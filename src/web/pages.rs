@@ -499,7 +499,13 @@ pub(crate) async fn act<S: Store>(
         }
         format!("Forget refused: {text}")
     } else {
-        let r = deliveries::replay(op.store, op.upstream, &dkey, op.lease).await;
+        let r = deliveries::replay(
+            op.store,
+            op.upstream,
+            &dkey,
+            op.lifetimes.of(&dkey.route).lease,
+        )
+        .await;
         match r {
             Ok(d) => {
                 audit(

@@ -13,7 +13,9 @@ use idemgate::providers::fingerprint_body;
 use idemgate::queue::{Lock, QueueBackend, QueueEntry};
 use idemgate::store::MemoryQueue;
 use idemgate::store::RedisQueue;
-use idemgate::store::{Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Store, unix_millis};
+use idemgate::store::{
+    Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, RouteLifetimes, Store, unix_millis,
+};
 
 const ROUTE: &str = "wh";
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -51,7 +53,7 @@ struct Fixture<Q, S> {
     _redis: Option<RedisServer>,
 }
 
-fn redis_fixture(lifetimes: Lifetimes) -> Fixture<RedisQueue, RedisStore> {
+fn redis_fixture(lifetimes: impl Into<RouteLifetimes>) -> Fixture<RedisQueue, RedisStore> {
     let redis = RedisServer::start_new();
     let store =
         RedisStore::new(&redis.url(), "qc", lifetimes, Duration::from_secs(2)).expect("store");
@@ -62,7 +64,7 @@ fn redis_fixture(lifetimes: Lifetimes) -> Fixture<RedisQueue, RedisStore> {
     }
 }
 
-fn memory_fixture(lifetimes: Lifetimes) -> Fixture<MemoryQueue, MemoryStore> {
+fn memory_fixture(lifetimes: impl Into<RouteLifetimes>) -> Fixture<MemoryQueue, MemoryStore> {
     let store = MemoryStore::new(lifetimes);
     Fixture {
         queue: MemoryQueue::new(store.clone()),
@@ -472,6 +474,56 @@ async fn a_redrive_delivers_a_dead_letter_whose_key_stayed_queued<Q: QueueBacken
     assert_eq!(q.stats(ROUTE).await.unwrap().depth, 0);
 }
 
+/// The async route (`ROUTE`) holds its claims 300 ms, the sync route `sync` 30 s.
+fn async_lease_short() -> RouteLifetimes {
+    RouteLifetimes::from(lifetimes(DAY)).with_route(ROUTE, SHORT_LEASE)
+}
+
+/// A worker's delivery lock holds the async route's own lease (a dead worker's entry
+/// is locked again once it lapses), while a sync route's claim holds its own, longer.
+async fn an_async_and_a_sync_route_hold_their_own_leases<Q: QueueBackend, S: Store>(
+    f: Fixture<Q, S>,
+) {
+    let queued = DeliveryKey::new(ROUTE, "k");
+    let sync = DeliveryKey::new("sync", "k");
+    let fp = fingerprint_body(b"{}");
+    accept(&f, &queued, DAY).await;
+    claimed_now(f.store.claim(&sync, &fp, None).await.unwrap());
+    let q = &f.queue;
+    let read = q.read_new(ROUTE, "c1", 10).await.unwrap();
+    let id = read[0].0.clone();
+    let Lock::Claimed { token, .. } = q.lock(&queued, &id, DAY).await.unwrap() else {
+        panic!("lock")
+    };
+    assert!(q.renew(&queued, token).await.unwrap());
+    assert_eq!(q.lock(&queued, &id, DAY).await.unwrap(), Lock::Busy);
+    // The worker dies (no renewal): its lock lapses after the async route's 300 ms.
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match q.lock(&queued, &id, DAY).await.unwrap() {
+            Lock::Claimed { attempt, .. } => {
+                assert_eq!(attempt, 2);
+                break;
+            }
+            Lock::Busy => {
+                assert!(tokio::time::Instant::now() < end, "the lock never lapsed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Lock::Completed => panic!("completed"),
+        }
+    }
+    match f.store.claim(&sync, &fp, None).await.unwrap() {
+        Claim::InFlight { remaining } => {
+            assert!(remaining > Duration::from_secs(20), "{remaining:?}")
+        }
+        other => panic!("the sync route's claim did not hold: {other:?}"),
+    }
+}
+
+fn claimed_now(c: Claim) {
+    assert!(matches!(c, Claim::Claimed(_)), "{c:?}");
+}
+
 macro_rules! conformance {
     ($($case:ident($lifetimes:expr)),* $(,)?) => {
         mod redis_queue {
@@ -524,6 +576,7 @@ conformance!(
     a_second_entry_finds_its_key_completed_after_retention(lifetimes(Duration::from_millis(300))),
     two_entries_of_a_key_count_their_attempts_apart(lifetimes(DAY)),
     a_redrive_delivers_a_dead_letter_whose_key_stayed_queued(SHORT_LEASE),
+    an_async_and_a_sync_route_hold_their_own_leases(async_lease_short()),
 );
 
 /// Redrive is one round trip (one script): no step in between where a worker could

@@ -14,9 +14,11 @@ use crate::common::cluster::{RedisCluster, SentinelSet};
 use crate::common::{REPLAY, RedisServer};
 use bytes::Bytes;
 use idemgate::providers::{Fingerprint, fingerprint_body};
+use idemgate::store::log::ClaimLog;
 use idemgate::store::log::DeliveryLog;
 use idemgate::store::{
-    Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse,
+    Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, RouteLifetimes, Status, Store,
+    StoredResponse,
 };
 
 const LONG: Lifetimes = Lifetimes {
@@ -318,6 +320,98 @@ async fn a_call_outliving_retention_keeps_its_record<S: Store>(s: S) {
     }
 }
 
+/// Route `brief` keeps its keys 300 ms, `mid` 2.5 s, every other route `LONG`'s hour;
+/// `quick` holds its claims 300 ms, every other route `LONG`'s 30 s.
+fn per_route() -> RouteLifetimes {
+    let keep = |retention| Lifetimes {
+        lease: Duration::from_secs(30),
+        retention,
+    };
+    RouteLifetimes::from(LONG)
+        .with_route("brief", keep(Duration::from_millis(300)))
+        .with_route("mid", keep(Duration::from_millis(2500)))
+        .with_route("quick", SHORT_LEASE)
+}
+
+/// Claims (logged, as the gate does) and completes `k`.
+async fn settle<S: Store>(s: &S, k: &DeliveryKey) {
+    let log = ClaimLog {
+        kept: None,
+        replay: false,
+    };
+    let t = claimed(s.claim(k, &fp("a"), Some(log)).await.unwrap());
+    assert!(s.complete(k, t, &response(b"ok"), None).await.unwrap());
+}
+
+/// Waits until `k`'s log entry is gone (its retention ran out), or panics.
+async fn wait_forgotten<S: Store>(s: &S, k: &DeliveryKey, deadline: Duration) {
+    let end = tokio::time::Instant::now() + deadline;
+    while s.log_entry(k).await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < end, "{k:?} still remembered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Each route's key and log entry live that route's retention (`per_route`): `brief`
+/// forgets first while `mid` and a default route still answer, then `mid`, while the
+/// default route still answers.
+async fn each_route_keeps_its_keys_for_its_own_retention<S: Store>(s: S) {
+    let (brief, mid, other) = (
+        DeliveryKey::new("brief", "evt"),
+        DeliveryKey::new("mid", "evt"),
+        DeliveryKey::new("other", "evt"),
+    );
+    for k in [&brief, &mid, &other] {
+        settle(&s, k).await;
+        assert!(s.log_entry(k).await.unwrap().is_some(), "{k:?}");
+    }
+    wait_forgotten(&s, &brief, Duration::from_secs(5)).await;
+    for k in [&mid, &other] {
+        assert!(
+            s.log_entry(k).await.unwrap().is_some(),
+            "{k:?} forgotten with brief"
+        );
+        assert_eq!(
+            s.claim(k, &fp("a"), None).await.unwrap(),
+            Claim::Completed(response(b"ok")),
+            "{k:?}"
+        );
+    }
+    claimed(s.claim(&brief, &fp("a"), None).await.unwrap());
+    wait_forgotten(&s, &mid, Duration::from_secs(10)).await;
+    assert!(s.log_entry(&other).await.unwrap().is_some());
+    assert_eq!(
+        s.claim(&other, &fp("a"), None).await.unwrap(),
+        Claim::Completed(response(b"ok"))
+    );
+    claimed(s.claim(&mid, &fp("a"), None).await.unwrap());
+}
+
+/// Each route's claims hold (and renew for) that route's lease (`per_route`): a
+/// crashed claimer's `quick` key frees after 300 ms, another route's stays held.
+async fn each_route_holds_its_claims_for_its_own_lease<S: Store>(s: S) {
+    let (quick, other) = (
+        DeliveryKey::new("quick", "evt"),
+        DeliveryKey::new("other", "evt"),
+    );
+    let tq = claimed(s.claim(&quick, &fp("a"), None).await.unwrap());
+    let to = claimed(s.claim(&other, &fp("a"), None).await.unwrap());
+    let remaining = |c: Claim| match c {
+        Claim::InFlight { remaining } => remaining,
+        other => panic!("expected InFlight, got {other:?}"),
+    };
+    assert!(s.renew(&quick, tq).await.unwrap());
+    assert!(s.renew(&other, to).await.unwrap());
+    let r = remaining(s.claim(&quick, &fp("a"), None).await.unwrap());
+    assert!(r <= Duration::from_millis(300), "{r:?}");
+    let r = remaining(s.claim(&other, &fp("a"), None).await.unwrap());
+    assert!(r > Duration::from_secs(20), "{r:?}");
+    // Neither is renewed again: `quick`'s claim lapses, `other`'s holds.
+    claim_eventually(&s, &quick, &fp("a"), Duration::from_secs(5)).await;
+    let r = remaining(s.claim(&other, &fp("a"), None).await.unwrap());
+    assert!(r > Duration::from_secs(20), "{r:?}");
+}
+
 macro_rules! conformance {
     ($($case:ident => $lifetimes:expr),* $(,)?) => {
         mod memory {
@@ -388,6 +482,8 @@ conformance! {
     retention_forgets_completed_keys => Lifetimes { lease: Duration::from_secs(30), retention: Duration::from_millis(400) },
     keys_with_braces_and_unicode_are_separate => LONG,
     a_call_outliving_retention_keeps_its_record => Lifetimes { lease: Duration::from_millis(300), retention: Duration::from_millis(300) },
+    each_route_keeps_its_keys_for_its_own_retention => per_route(),
+    each_route_holds_its_claims_for_its_own_lease => per_route(),
 }
 
 // ---- Redis-only properties -------------------------------------------------------

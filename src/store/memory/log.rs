@@ -68,7 +68,7 @@ impl MemoryStore {
         key: &DeliveryKey,
         fp: &Fingerprint,
     ) -> Result<Claim, StoreError> {
-        let Lifetimes { lease, retention } = self.lifetimes;
+        let Lifetimes { lease, retention } = self.lifetimes.of(&key.route);
         self.change(key, Admit::Always, |slot, now| {
             let Some(entry) = slot else {
                 return Claim::Mismatch;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use super::log::{ClaimLog, Settled};
 use super::{
-    BoundStats, Claim, DeliveryKey, Lifetimes, Status, Store, StoreError, StoredResponse, Token,
-    unix_millis,
+    BoundStats, Claim, DeliveryKey, Lifetimes, RouteLifetimes, Status, Store, StoreError,
+    StoredResponse, Token, unix_millis,
 };
 use crate::providers::Fingerprint;
 use journal::{Journal, Ticket};
@@ -129,7 +129,7 @@ pub(super) fn later(now: u64, d: Duration) -> u64 {
 /// How a memory store is built.
 #[derive(Clone)]
 pub struct MemoryOptions {
-    pub lifetimes: Lifetimes,
+    pub lifetimes: RouteLifetimes,
     /// Bytes the entries may take (`[store] max_memory`); then the oldest settled
     /// deliveries are forgotten, and new ones refused when none are left to forget.
     pub max_memory: u64,
@@ -139,9 +139,9 @@ pub struct MemoryOptions {
 
 impl MemoryOptions {
     /// The default bound and no journal.
-    pub fn new(lifetimes: Lifetimes) -> Self {
+    pub fn new(lifetimes: impl Into<RouteLifetimes>) -> Self {
         MemoryOptions {
-            lifetimes,
+            lifetimes: lifetimes.into(),
             max_memory: crate::config::DEFAULT_MAX_MEMORY,
             journal: None,
         }
@@ -157,12 +157,12 @@ impl MemoryOptions {
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Table>,
-    lifetimes: Lifetimes,
+    lifetimes: RouteLifetimes,
 }
 
 impl MemoryStore {
     /// A store with the default bound and no journal (tests, benches, `demo`).
-    pub fn new(lifetimes: Lifetimes) -> Self {
+    pub fn new(lifetimes: impl Into<RouteLifetimes>) -> Self {
         Self::with_options(MemoryOptions::new(lifetimes))
     }
 
@@ -170,9 +170,11 @@ impl MemoryStore {
     /// expired entries once a second, a batch per shard lock, so memory follows
     /// retention and no delivery waits behind a sweep of the whole map.
     pub fn with_options(options: MemoryOptions) -> Self {
-        let drift = later(0, options.lifetimes.lease);
+        let drift = later(0, options.lifetimes.default().lease);
         let inner = Arc::new(Table::new(options.max_memory, drift, options.journal));
-        let retention = later(0, options.lifetimes.retention);
+        // With routes of different retentions, the shortest: a sweep then never waits
+        // behind a longer-lived entry (each entry's own expiry decides what goes).
+        let retention = later(0, options.lifetimes.shortest_retention());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Table> = Arc::downgrade(&inner);
             handle.spawn(async move {
@@ -212,12 +214,10 @@ impl MemoryStore {
     /// Evictions, the effective dedup window and the bytes held, for the metrics.
     pub fn bound_stats(&self) -> BoundStats {
         let now = unix_millis();
-        let retention = later(0, self.lifetimes.retention);
         let (used_bytes, max_bytes) = self.inner.used();
         let oldest_age = self
             .inner
-            .oldest_mark()
-            .map(|expires| now.saturating_sub(expires.saturating_sub(retention)))
+            .oldest_age(now, |route| later(0, self.lifetimes.of(route).retention))
             .unwrap_or(0);
         BoundStats {
             evictions: self.inner.evictions(),
@@ -281,12 +281,13 @@ impl MemoryStore {
     /// A provider's claim (with the request to keep, if any), inside the lock.
     fn claim_in(
         &self,
+        key: &DeliveryKey,
         slot: &mut Option<Entry>,
         now: u64,
         fp: &Fingerprint,
         kept: Option<&crate::store::log::KeptRequest>,
     ) -> Claim {
-        let Lifetimes { lease, retention } = self.lifetimes;
+        let Lifetimes { lease, retention } = self.lifetimes.of(&key.route);
         let ms = now;
         let entry = slot.get_or_insert_with(|| {
             Entry::fresh(Some(*fp), Status::Released, ms, later(now, retention))
@@ -375,7 +376,7 @@ impl Store for MemoryStore {
                 let now = unix_millis();
                 let Updated { value, ticket } =
                     self.inner.update(key, now, Admit::NewDelivery, |e| {
-                        self.claim_in(e, now, fp, kept)
+                        self.claim_in(key, e, now, fp, kept)
                     })?;
                 // A claim that hands the key to this caller promises the provider
                 // nothing yet: the completion (or queueing) that answers it is
@@ -390,7 +391,7 @@ impl Store for MemoryStore {
     }
 
     async fn renew(&self, key: &DeliveryKey, token: Token) -> Result<bool, StoreError> {
-        let lease = self.lifetimes.lease;
+        let lease = self.lifetimes.of(&key.route).lease;
         self.owned(key, token, |e, now| {
             let until = later(now, lease);
             e.owner = Some((token, until));
@@ -407,7 +408,7 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let retention = self.lifetimes.retention;
+        let retention = self.lifetimes.of(&key.route).retention;
         self.owned(key, token, |e, now| {
             e.complete(response, now, later(now, retention));
             e.note(settled);
@@ -424,7 +425,7 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let retention = self.lifetimes.retention;
+        let retention = self.lifetimes.of(&key.route).retention;
         self.change(key, Admit::Always, |slot, now| {
             if let Some(e) = slot {
                 if e.live_owner(now).is_some() || e.differs(fp) {
@@ -491,7 +492,7 @@ impl MemoryStore {
         token: Token,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let keep = self.lifetimes.retention.max(keep_for);
+        let keep = self.lifetimes.of(&key.route).retention.max(keep_for);
         self.owned(key, token, |e, now| {
             e.status = Status::Queued;
             e.owner = None;
@@ -507,7 +508,7 @@ impl MemoryStore {
         key: &DeliveryKey,
         keep_for: Duration,
     ) -> Result<DeliveryLock, StoreError> {
-        let Lifetimes { lease, retention } = self.lifetimes;
+        let Lifetimes { lease, retention } = self.lifetimes.of(&key.route);
         let keep = retention.max(keep_for);
         self.change(key, Admit::Always, |slot, now| {
             // An expired record comes back without a fingerprint, as deliver_lock.lua
@@ -538,7 +539,7 @@ impl MemoryStore {
         response: &StoredResponse,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let keep = self.lifetimes.retention.max(keep_for);
+        let keep = self.lifetimes.of(&key.route).retention.max(keep_for);
         self.owned(key, token, |e, now| {
             e.complete(response, now, later(now, keep))
         })

@@ -428,18 +428,29 @@ impl Table {
         self.shards[i].lock().map(|s| s.marks.len()).unwrap_or(0)
     }
 
-    /// The expiry of the oldest remembered entry's last settlement over all shards
-    /// (stale marks at a front are dropped on the way).
-    pub(super) fn oldest_mark(&self) -> Option<u64> {
+    /// The age of the oldest remembered entry's last settlement over all shards (its
+    /// expiry less its route's retention, `retention_of` in ms); stale marks at a
+    /// front are dropped on the way.
+    pub(super) fn oldest_age(&self, now: u64, retention_of: impl Fn(&str) -> u64) -> Option<u64> {
         let mut oldest: Option<u64> = None;
         for shard in self.shards.iter() {
             let Ok(mut guard) = shard.lock() else {
                 continue;
             };
             let shard = &mut *guard;
-            if let Some((m, _)) = self.front(shard, &mut 0, EVICT_LOOK) {
-                oldest = Some(oldest.map_or(m.expires, |o| o.min(m.expires)));
-            }
+            let Some((m, _)) = self.front(shard, &mut 0, EVICT_LOOK) else {
+                continue;
+            };
+            let route = shard
+                .records
+                .find(m.hash, |r| self.marked(r, m))
+                .and_then(|r| codec::split_record(r).ok())
+                .map(|(route, _, _)| String::from_utf8_lossy(route).into_owned());
+            let settled = m
+                .expires
+                .saturating_sub(retention_of(route.as_deref().unwrap_or("")));
+            let age = now.saturating_sub(settled);
+            oldest = Some(oldest.map_or(age, |o| o.max(age)));
         }
         oldest
     }

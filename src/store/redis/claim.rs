@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::log_writer::{LogWrite, WriteKind};
+use super::log_writer::{LogWrite, WriteKind, WriteTtls};
 use super::record::{self, Found};
 use super::{Call, Keys, RedisStore, bad_reply, bytes_of, int_of, ms};
 use crate::providers::Fingerprint;
@@ -71,7 +71,7 @@ impl RedisStore {
             .arg(record::processing(&token_hex, &fp_hex))
             .arg("NX")
             .arg("PX")
-            .arg(ms(self.lifetimes.lease))
+            .arg(ms(self.lifetimes.of(&key.route).lease))
             .arg("GET");
         let mut status = redis::cmd("HGET");
         status.arg(&keys.log).arg("status");
@@ -90,7 +90,7 @@ impl RedisStore {
             Found::Absent => {
                 let earlier = replies.get(1).and_then(bytes_of).unwrap_or_default();
                 if !earlier.is_empty() && earlier != b"released" {
-                    let answer = self.earlier_layout(&keys, &fp_hex, earlier).await?;
+                    let answer = self.earlier_layout(key, &keys, &fp_hex, earlier).await?;
                     if let Some(claim) = answer {
                         if matches!(claim, Claim::Completed(_) | Claim::Queued) {
                             self.log_write(keys.log, key, log, WriteKind::Copy).await;
@@ -145,8 +145,10 @@ impl RedisStore {
         kind: WriteKind,
     ) {
         let index = log.and_then(|_| self.index_key(&key.route));
+        let ttls = WriteTtls::of(self.lifetimes.of(&key.route));
         let (key, now) = (key.key.clone(), unix_millis());
         let write = LogWrite {
+            ttls,
             hash,
             index,
             key,
@@ -164,6 +166,7 @@ impl RedisStore {
     /// key (released, lapsed): the claim stands.
     async fn earlier_layout(
         &self,
+        key: &DeliveryKey,
         keys: &Keys,
         fp_hex: &str,
         status: &[u8],
@@ -215,7 +218,7 @@ impl RedisStore {
             } else {
                 &old_fp
             });
-            let keep = hash_ttl.max(ms(self.lifetimes.retention) as i64);
+            let keep = hash_ttl.max(ms(self.lifetimes.of(&key.route).retention) as i64);
             write.arg(rec).arg("XX").arg("PX").arg(keep);
             Claim::Queued
         } else {
@@ -239,10 +242,10 @@ impl RedisStore {
         let mut call = Call::new(&self.scripts.replay, &[&keys.record, &keys.lock, &keys.log])
             .key(index.as_deref())
             .arg(token.to_hex())
-            .arg(ms(self.lifetimes.lease))
+            .arg(ms(self.lifetimes.of(&key.route).lease))
             .arg(hex::encode(fp))
             .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention));
+            .arg(ms(self.lifetimes.of(&key.route).retention));
         call = self.claim_log_args(call, key, log);
         let (reply, acked) = self.eval(&call, true).await?;
         if let Value::Array(items) = &reply

@@ -23,7 +23,8 @@
 use redis::Value;
 
 use super::connection::Connection;
-use super::{Call, Keys, RedisStore, ScriptDef, bytes_of, int_of, ms};
+use super::log_writer::WriteTtls;
+use super::{Call, Keys, RedisStore, ScriptDef, bytes_of, int_of};
 use crate::store::log::{
     ClaimLog, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
 };
@@ -190,10 +191,7 @@ impl RedisStore {
             .arg(key.key.as_str())
             .arg(RECENT_PER_ROUTE)
             // The index's lifetime, as a claim sets it (log_writer.rs).
-            .arg(ms(self
-                .lifetimes
-                .retention
-                .saturating_add(self.lifetimes.lease)))
+            .arg(WriteTtls::of(self.lifetimes.of(&key.route)).index)
     }
 
     pub(super) async fn read_log_entry(

@@ -18,6 +18,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::Connection;
+use super::ms;
+use crate::store::Lifetimes;
 use crate::store::log::{KeptRequest, RECENT_PER_ROUTE};
 
 /// How many writes the queue holds before a claim waits for the writer.
@@ -27,6 +29,8 @@ const BATCH: usize = 256;
 
 /// One claim's writes to the log.
 pub(crate) struct LogWrite {
+    /// The lifetimes of its route's keys.
+    pub ttls: WriteTtls,
     /// The log hash's key.
     pub hash: String,
     /// The route's recent index, when this claim is logged and the store keeps one.
@@ -55,7 +59,7 @@ enum Msg {
     Flush(oneshot::Sender<()>),
 }
 
-/// Lifetimes the writes give the hash and the index (ms).
+/// Lifetimes the writes give the hash and the index (ms), from the route's lifetimes.
 #[derive(Clone, Copy)]
 pub(crate) struct WriteTtls {
     /// A new hash of a claim: the longer of retention and lease.
@@ -66,22 +70,31 @@ pub(crate) struct WriteTtls {
     pub index: u64,
 }
 
+impl WriteTtls {
+    /// The lifetimes the writes of a route with lifetimes `l` give.
+    pub(crate) fn of(l: Lifetimes) -> WriteTtls {
+        WriteTtls {
+            hash: ms(l.retention.max(l.lease)),
+            fragment: ms(l.retention),
+            index: ms(l.retention.saturating_add(l.lease)),
+        }
+    }
+}
+
 /// See the module documentation. Cloned stores share one writer.
 pub(crate) struct LogWriter {
     conn: Connection,
     timeout: Duration,
-    ttls: WriteTtls,
     /// The writer task's queue; started by the first write, restarted when the runtime
     /// that ran it is gone (tests run one runtime each).
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
 }
 
 impl LogWriter {
-    pub(crate) fn new(conn: Connection, timeout: Duration, ttls: WriteTtls) -> LogWriter {
+    pub(crate) fn new(conn: Connection, timeout: Duration) -> LogWriter {
         LogWriter {
             conn,
             timeout,
-            ttls,
             tx: Mutex::new(None),
         }
     }
@@ -92,7 +105,7 @@ impl LogWriter {
             Some(s) if !s.is_closed() => s.clone(),
             _ => {
                 let (s, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(run(self.conn.clone(), self.timeout, self.ttls, rx));
+                tokio::spawn(run(self.conn.clone(), self.timeout, rx));
                 *tx = Some(s.clone());
                 s
             }
@@ -117,12 +130,7 @@ impl LogWriter {
     }
 }
 
-async fn run(
-    mut conn: Connection,
-    timeout: Duration,
-    ttls: WriteTtls,
-    mut rx: mpsc::Receiver<Msg>,
-) {
+async fn run(mut conn: Connection, timeout: Duration, mut rx: mpsc::Receiver<Msg>) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed_at: Option<tokio::time::Instant> = None;
     // One transaction per batch keeps each hash's writes and its TTL together (a batch
@@ -141,7 +149,7 @@ async fn run(
                 Msg::Flush(done) => waiting.push(done),
             }
         }
-        let pipe = batch_pipeline(&writes, ttls, atomic);
+        let pipe = batch_pipeline(&writes, atomic);
         if !pipe.is_empty() {
             let sent = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
             let error = match sent {
@@ -169,7 +177,7 @@ async fn run(
 /// index left without a TTL by a cut batch gets one from the next claim). The index's
 /// final state is the same as with a `ZADD` per delivery: a member named twice keeps
 /// its later score, and the cap is applied after the last one.
-fn batch_pipeline(writes: &[LogWrite], ttls: WriteTtls, atomic: bool) -> redis::Pipeline {
+fn batch_pipeline(writes: &[LogWrite], atomic: bool) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     if writes.is_empty() {
         return pipe;
@@ -178,31 +186,32 @@ fn batch_pipeline(writes: &[LogWrite], ttls: WriteTtls, atomic: bool) -> redis::
         pipe.cmd("MULTI").ignore();
     }
     for w in writes {
-        add_hash(&mut pipe, w, ttls);
+        add_hash(&mut pipe, w);
     }
     if atomic {
         pipe.cmd("EXEC").ignore();
     }
     // Indexes in the order their routes first appear in the batch.
-    let mut indexes: Vec<(&str, redis::Cmd, bool)> = Vec::new();
+    let mut indexes: Vec<(&str, redis::Cmd, bool, u64)> = Vec::new();
     for w in writes {
         let Some(index) = w.index.as_deref() else {
             continue;
         };
-        let at = match indexes.iter().position(|(i, _, _)| *i == index) {
+        let at = match indexes.iter().position(|(i, _, _, _)| *i == index) {
             Some(at) => at,
             None => {
                 let mut zadd = redis::cmd("ZADD");
                 zadd.arg(index);
-                indexes.push((index, zadd, false));
+                // One index per route, so its writes share the route's lifetimes.
+                indexes.push((index, zadd, false, w.ttls.index));
                 indexes.len() - 1
             }
         };
-        let (_, zadd, claimed) = &mut indexes[at];
+        let (_, zadd, claimed, _) = &mut indexes[at];
         zadd.arg(w.now).arg(&w.key);
         *claimed |= matches!(w.kind, WriteKind::Claimed { .. });
     }
-    for (index, zadd, claimed) in indexes {
+    for (index, zadd, claimed, ttl) in indexes {
         pipe.add_command(zadd).ignore();
         if claimed {
             pipe.cmd("ZREMRANGEBYRANK")
@@ -210,23 +219,19 @@ fn batch_pipeline(writes: &[LogWrite], ttls: WriteTtls, atomic: bool) -> redis::
                 .arg(0)
                 .arg(-(RECENT_PER_ROUTE as i64) - 1)
                 .ignore();
-            pipe.cmd("PEXPIRE").arg(index).arg(ttls.index).ignore();
+            pipe.cmd("PEXPIRE").arg(index).arg(ttl).ignore();
         } else {
             // Only copies: they move members they find (a re-added one overshoots the
             // cap by one until the next claim trims), and give the index a lifetime
             // only when it has none (they re-created it).
-            pipe.cmd("PEXPIRE")
-                .arg(index)
-                .arg(ttls.index)
-                .arg("NX")
-                .ignore();
+            pipe.cmd("PEXPIRE").arg(index).arg(ttl).arg("NX").ignore();
         }
     }
     pipe
 }
 
 /// One claim's writes to its log hash.
-fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
+fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite) {
     match &w.kind {
         WriteKind::Claimed { fp_hex, kept } => {
             let hset = pipe
@@ -261,7 +266,7 @@ fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
             // claim that outlives the hash's lifetime is kept alive by renew.lua.
             pipe.cmd("PEXPIRE")
                 .arg(&w.hash)
-                .arg(ttls.hash)
+                .arg(w.ttls.hash)
                 .arg("NX")
                 .ignore();
         }
@@ -278,7 +283,7 @@ fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite, ttls: WriteTtls) {
                 .ignore();
             pipe.cmd("PEXPIRE")
                 .arg(&w.hash)
-                .arg(ttls.fragment)
+                .arg(w.ttls.fragment)
                 .arg("NX")
                 .ignore();
         }
@@ -294,9 +299,16 @@ mod tests {
         fragment: 900,
         index: 1100,
     };
+    /// Route `b`'s: a longer retention than the others'.
+    const TTLS_B: WriteTtls = WriteTtls {
+        hash: 2000,
+        fragment: 1900,
+        index: 2200,
+    };
 
     fn write(route: &str, key: &str, now: u64, claimed: bool) -> LogWrite {
         LogWrite {
+            ttls: if route == "b" { TTLS_B } else { TTLS },
             hash: format!("h:{route}:{key}"),
             index: Some(format!("i:{route}")),
             key: key.to_string(),
@@ -328,13 +340,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_one_transaction_and_one_zadd_per_index() {
+    fn a_batch_is_one_transaction_and_one_zadd_per_index_with_its_routes_lifetime() {
         let batch = [
             write("a", "k1", 10, true),
             write("b", "k2", 11, false),
             write("a", "k3", 12, true),
         ];
-        let w = words(&batch_pipeline(&batch, TTLS, true));
+        let w = words(&batch_pipeline(&batch, true));
         assert_eq!(w.iter().filter(|c| *c == "MULTI").count(), 1, "{w:#?}");
         assert_eq!(w.iter().filter(|c| *c == "EXEC").count(), 1, "{w:#?}");
         let exec = w.iter().position(|c| c == "EXEC").unwrap();
@@ -344,6 +356,15 @@ mod tests {
                 .iter()
                 .any(|c| c.starts_with("HINCRBY h:b:k2 duplicates"))
         );
+        // Each hash lives its own route's retention.
+        assert!(
+            w[..exec].iter().any(|c| c == "PEXPIRE h:a:k1 1000 NX"),
+            "{w:#?}"
+        );
+        assert!(
+            w[..exec].iter().any(|c| c == "PEXPIRE h:b:k2 1900 NX"),
+            "{w:#?}"
+        );
         assert_eq!(
             w[exec + 1..],
             [
@@ -351,15 +372,15 @@ mod tests {
                 "ZREMRANGEBYRANK i:a 0 -10001",
                 "PEXPIRE i:a 1100",
                 "ZADD i:b 11 k2",
-                "PEXPIRE i:b 1100 NX",
+                "PEXPIRE i:b 2200 NX",
             ]
         );
     }
 
     #[test]
     fn on_a_cluster_there_is_no_transaction() {
-        let w = words(&batch_pipeline(&[write("a", "k1", 10, true)], TTLS, false));
+        let w = words(&batch_pipeline(&[write("a", "k1", 10, true)], false));
         assert!(!w.iter().any(|c| c == "MULTI" || c == "EXEC"), "{w:#?}");
-        assert!(batch_pipeline(&[], TTLS, true).is_empty());
+        assert!(batch_pipeline(&[], true).is_empty());
     }
 }

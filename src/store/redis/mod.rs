@@ -49,11 +49,13 @@ mod log;
 /// The delivery log's writes for plain claims, batched off the delivery's path.
 mod log_writer;
 use super::log::{ClaimLog, Settled};
-use super::{Claim, DeliveryKey, Lifetimes, Store, StoreError, StoredResponse, Token, unix_millis};
+use super::{
+    Claim, DeliveryKey, RouteLifetimes, Store, StoreError, StoredResponse, Token, unix_millis,
+};
 use crate::config::topology::Topology;
 use crate::config::{Config, StoreUrl};
 use crate::providers::Fingerprint;
-use log_writer::{LogWriter, WriteTtls};
+use log_writer::LogWriter;
 
 /// A Lua script: its source (sent once per node on `NOSCRIPT`) and its SHA.
 pub(crate) struct ScriptDef {
@@ -90,7 +92,7 @@ pub struct ReplicaAcks {
 pub struct RedisStore {
     conn: Connection,
     prefix: std::sync::Arc<str>,
-    lifetimes: Lifetimes,
+    lifetimes: RouteLifetimes,
     timeout: Duration,
     acks: Option<ReplicaAcks>,
     scripts: std::sync::Arc<Scripts>,
@@ -168,19 +170,15 @@ impl RedisStore {
     pub fn new(
         url: &str,
         prefix: &str,
-        lifetimes: Lifetimes,
+        lifetimes: impl Into<RouteLifetimes>,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
+        let lifetimes = lifetimes.into();
         let topology =
             Topology::parse(url).map_err(|e| StoreError::Unavailable(format!("store.url {e}")))?;
         let conn = Connection::new(&topology, timeout)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let ttls = WriteTtls {
-            hash: ms(lifetimes.retention.max(lifetimes.lease)),
-            fragment: ms(lifetimes.retention),
-            index: ms(lifetimes.retention.saturating_add(lifetimes.lease)),
-        };
-        let log_writer = std::sync::Arc::new(LogWriter::new(conn.clone(), timeout, ttls));
+        let log_writer = std::sync::Arc::new(LogWriter::new(conn.clone(), timeout));
         Ok(RedisStore {
             log_writer,
             conn,
@@ -208,14 +206,10 @@ impl RedisStore {
                 "store.url names the in-memory store, not Redis".to_string(),
             ));
         };
-        let lifetimes = Lifetimes {
-            lease: config.dedup.lease,
-            retention: config.dedup.retention,
-        };
         Ok(RedisStore::new(
             url,
             &config.store.key_prefix,
-            lifetimes,
+            RouteLifetimes::from_config(config),
             config.store.timeout,
         )?
         .with_replica_acks(
@@ -413,8 +407,8 @@ impl RedisStore {
         &self.prefix
     }
 
-    pub(crate) fn lifetimes(&self) -> Lifetimes {
-        self.lifetimes
+    pub(crate) fn lifetimes(&self) -> &RouteLifetimes {
+        &self.lifetimes
     }
 }
 
@@ -525,7 +519,7 @@ impl Store for RedisStore {
         let k = self.keys(key);
         let call = Call::new(&self.scripts.renew, &[&k.record, &k.lock, &k.log])
             .arg(token.to_hex())
-            .arg(ms(self.lifetimes.lease));
+            .arg(ms(self.lifetimes.of(&key.route).lease));
         let (reply, _) = self.eval(&call, false).await?;
         Ok(int_of(&reply) == Some(1))
     }
@@ -537,8 +531,14 @@ impl Store for RedisStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        self.complete_for(key, token, response, settled, self.lifetimes.retention)
-            .await
+        self.complete_for(
+            key,
+            token,
+            response,
+            settled,
+            self.lifetimes.of(&key.route).retention,
+        )
+        .await
     }
 
     async fn complete_unowned(
@@ -548,7 +548,10 @@ impl Store for RedisStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        let (script, keep) = (&self.scripts.complete_unowned, self.lifetimes.retention);
+        let (script, keep) = (
+            &self.scripts.complete_unowned,
+            self.lifetimes.of(&key.route).retention,
+        );
         self.run_completion(script, key, hex::encode(fp), response, settled, keep)
             .await
     }
@@ -566,7 +569,7 @@ impl Store for RedisStore {
             .key(index.as_deref())
             .arg(token.to_hex())
             .arg(unix_millis())
-            .arg(ms(self.lifetimes.retention));
+            .arg(ms(self.lifetimes.of(&key.route).retention));
         if let Some(settled) = settled {
             call = self.release_log_args(call, key, settled);
         }

@@ -232,7 +232,12 @@ impl QueueBackend for RedisQueue {
             let call = Call::new(&self.scripts.mark, &[&k.record, &k.log])
                 .arg(token.to_hex())
                 .arg(unix_millis())
-                .arg(ms(self.store.lifetimes().retention.max(keep_for)));
+                .arg(ms(self
+                    .store
+                    .lifetimes()
+                    .of(&key.route)
+                    .retention
+                    .max(keep_for)));
             Ok(int_of(&self.script(call).await?) == Some(1))
         })
     }
@@ -340,7 +345,7 @@ impl QueueBackend for RedisQueue {
         Box::pin(async move {
             let k = self.store.keys(key);
             let token = Token::random();
-            let lifetimes = self.store.lifetimes();
+            let lifetimes = self.store.lifetimes().of(&key.route);
             let call = Call::new(&self.scripts.lock, &[&k.record, &k.lock, &k.log])
                 .arg(token.to_hex())
                 .arg(ms(lifetimes.lease))
@@ -389,7 +394,12 @@ impl QueueBackend for RedisQueue {
         response: &'a StoredResponse,
         keep_for: Duration,
     ) -> StoreFuture<'a, bool> {
-        let keep = self.store.lifetimes().retention.max(keep_for);
+        let keep = self
+            .store
+            .lifetimes()
+            .of(&key.route)
+            .retention
+            .max(keep_for);
         Box::pin(self.store.complete_for(key, token, response, None, keep))
     }
 

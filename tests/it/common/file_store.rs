@@ -2,7 +2,7 @@
 //! temporary directory (`fsync = "always"`), removed when the fixture drops.
 
 use idemgate::config::FsyncPolicy;
-use idemgate::store::{Lifetimes, MemoryOptions, MemoryQueue, MemoryStore};
+use idemgate::store::{MemoryOptions, MemoryQueue, MemoryStore, RouteLifetimes};
 use tempfile::TempDir;
 
 /// A file store and its queue; the directory goes last (after the journal stopped).
@@ -14,7 +14,7 @@ pub struct FileStore {
 
 impl FileStore {
     /// A new file store in a new directory.
-    pub fn open(lifetimes: Lifetimes) -> FileStore {
+    pub fn open(lifetimes: impl Into<RouteLifetimes>) -> FileStore {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, queue) = idemgate::store::file::open(
             dir.path(),
