@@ -1,8 +1,9 @@
 //! The delivery log's store semantics, written once and run against the
-//! Redis store on a private redis-server and the in-memory store: what claim, complete
+//! Redis store on a private redis-server, on a private three-master Redis Cluster, and
+//! the in-memory store: what claim, complete
 //! and release record, the operator's forced claim (and every way its claim can end),
 //! forget, the recent list, and the queue's transitions as claims see them. Every case
-//! is listed once in `both!` at the bottom, so the two stores cannot drift.
+//! is listed once in `both!` at the bottom, so the stores cannot drift.
 
 use std::time::Duration;
 
@@ -299,6 +300,9 @@ async fn a_reclaimed_delivery_stays_listed_while_it_lives<S: Store>(s: S) {
     let page = s.recent(&q).await.unwrap();
     let listed: Vec<&str> = page.items.iter().map(|(_, e)| e.key.as_str()).collect();
     assert_eq!(listed, ["evt_a"]);
+    // Listed where its second life began, not where its first did.
+    let (score, e) = &page.items[0];
+    assert_eq!(*score, e.first_seen, "{e:?}");
 }
 
 const RETAIN_4S: Lifetimes = Lifetimes {
@@ -306,9 +310,9 @@ const RETAIN_4S: Lifetimes = Lifetimes {
     retention: Duration::from_secs(4),
 };
 
-/// Stale index members on top of the list (a copy moved their score to "now", their
-/// records expired since) are skipped without skipping live ones: one listing as long
-/// as a job's page (500) and a walk of 50-item pages each return every live delivery.
+/// Stale index members (records expired since; copies in between did not move them)
+/// are skipped without skipping live ones: one listing as long as a job's page (500)
+/// and a walk of 50-item pages each return every live delivery.
 /// `s` keeps deliveries for 4 s.
 async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
     const LIVE: usize = 250;
@@ -338,7 +342,7 @@ async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
         deliver(k.clone()).await; // lives until 5 s or later
         live.push(k.key);
     }
-    // Copies of the old deliveries put them on top of the list, not their lifetimes.
+    // Copies of the old deliveries lengthen neither their lifetimes nor move them.
     for k in &old {
         assert!(
             matches!(
@@ -381,6 +385,112 @@ async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
         "the live deliveries may have expired: too slow a machine for this test"
     );
 }
+
+/// A walk of the list, page by page, while new deliveries keep arriving (from another
+/// task), copies of listed and not yet listed ones are answered, and older ones expire
+/// (`s` keeps deliveries for 5 s): every delivery that lived when the walk began and
+/// still lives is listed exactly once, newest first, and none twice.
+async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire<
+    S: Store + Clone,
+>(
+    s: S,
+) {
+    let start = tokio::time::Instant::now();
+    let deliver = |s: S, k: DeliveryKey| async move {
+        let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
+        let done = settled("forwarded", Some(200), false);
+        assert!(
+            s.complete(&k, t, &response(b"ok"), Some(&done))
+                .await
+                .unwrap()
+        );
+    };
+    // Concurrent batches (so one log write batch spans many slots on a cluster).
+    let batch = |prefix: &'static str, n: usize| {
+        let s = s.clone();
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..n {
+                set.spawn(deliver(
+                    s.clone(),
+                    DeliveryKey::new("walk", format!("{prefix}_{i:03}")),
+                ));
+            }
+            while let Some(r) = set.join_next().await {
+                r.unwrap();
+            }
+        }
+    };
+    batch("old", 40).await; // expire at about 5 s, during the walk
+    tokio::time::sleep_until(start + Duration::from_millis(3000)).await;
+    batch("live", 120).await; // live until 8 s at least
+    let live: Vec<String> = (0..120).map(|i| format!("live_{i:03}")).collect();
+    // Arrivals during the walk: at most 300, until 7 s.
+    let arriving = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            for i in 0..300 {
+                if start.elapsed() > Duration::from_secs(7) {
+                    break;
+                }
+                deliver(s.clone(), DeliveryKey::new("walk", format!("new_{i:03}"))).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep_until(start + Duration::from_millis(3500)).await;
+    let mut q = ListQuery {
+        routes: vec!["walk".into()],
+        limit: 6,
+        ..Default::default()
+    };
+    let mut seen: Vec<(u64, String)> = Vec::new();
+    let mut page_no = 0usize;
+    loop {
+        let page = s.recent(&q).await.unwrap();
+        seen.extend(page.items.iter().map(|(sc, e)| (*sc, e.key.clone())));
+        // Copies of a delivery further down and of one already listed.
+        for k in [
+            &live[(page_no * 7) % live.len()],
+            &live[(page_no * 13 + 5) % live.len()],
+        ] {
+            let c = s
+                .claim(&DeliveryKey::new("walk", k.as_str()), &fp("x"), LOGGED)
+                .await;
+            assert!(matches!(c, Ok(Claim::Completed(_))), "{c:?}");
+        }
+        page_no += 1;
+        match page.next {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let walked = start.elapsed();
+    arriving.await.unwrap();
+    assert!(
+        walked > Duration::from_millis(5000) && walked < Duration::from_millis(7800),
+        "the walk ended at {walked:?}, not between the old ones' expiry and the live ones': too fast or slow a machine for this test"
+    );
+    let keys: Vec<&str> = seen.iter().map(|(_, k)| k.as_str()).collect();
+    let mut unique = keys.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), keys.len(), "listed twice: {keys:?}");
+    for k in &live {
+        assert!(keys.contains(&k.as_str()), "{k} was skipped: {keys:?}");
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0].0 >= w[1].0),
+        "not newest first: {seen:?}"
+    );
+    assert!(page_no > 10, "the walk took {page_no} pages");
+}
+
+const RETAIN_5S: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_secs(5),
+};
 
 const SHORT: Lifetimes = Lifetimes {
     lease: Duration::from_secs(30),
@@ -603,6 +713,19 @@ macro_rules! both {
                 }
             )*
         }
+        /// The same cases on a Redis Cluster: the recent index lives in its route's
+        /// slot, the deliveries in theirs.
+        mod cluster {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let cluster = crate::common::cluster::RedisCluster::start(3, 0);
+                    let s = RedisStore::new(&cluster.url(), "log", $lifetimes, Duration::from_secs(1)).unwrap();
+                    super::$case(s).await;
+                }
+            )*
+        }
     };
 }
 
@@ -691,6 +814,7 @@ both!(
     the_recent_list_pages_newest_first_and_filters => LIFETIMES,
     a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
     stale_members_on_top_hide_no_live_delivery => RETAIN_4S,
+    a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire => RETAIN_5S,
     a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,
     any_release_of_a_replay_keeps_the_old_answer => LIFETIMES,
     a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch => LIFETIMES;

@@ -115,7 +115,7 @@ impl MemoryStore {
         let all = self.with_entries(|map, now| {
             map.iter()
                 .filter(|(k, e)| e.live(now) && q.routes.iter().any(|r| **r == *k.route))
-                .map(|(k, e)| (e.last_seen, entry_of(k, e, now, false)))
+                .map(|(k, e)| (e.first_seen, entry_of(k, e, now, false)))
                 .filter(|(score, e)| {
                     q.matches(e)
                         && q.cursor
