@@ -237,10 +237,7 @@ fn parse<S: Store>(
         return Ok(Work::Redrive(text("error_contains")?, older));
     }
     if p.store.log_support() != LogSupport::Full {
-        return bad(
-            "a replay job lists deliveries, and this store keeps no list (Redis Cluster, or no log)"
-                .into(),
-        );
+        return bad("a replay job lists deliveries, and this store keeps no delivery log".into());
     }
     let status = match text("status")? {
         Some(s) => Some(Status::parse(&s).ok_or_else(|| {

@@ -22,9 +22,6 @@ pub const RECENT_PER_ROUTE: usize = 10_000;
 pub enum LogSupport {
     /// No log: the admin API answers 501.
     None,
-    /// Entries by key (show, forget, replay), without the recent index (Redis Cluster:
-    /// the index would be a second slot, which a script may not touch).
-    ByKey,
     /// Entries by key and the recent index (list).
     Full,
 }

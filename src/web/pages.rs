@@ -276,12 +276,7 @@ pub(crate) async fn list<S: Store>(
     );
     let store = op.store;
     match store.log_support() {
-        LogSupport::None => {
-            body.push_str("<p class=warn>This store keeps no delivery log.</p>")
-        }
-        LogSupport::ByKey => body.push_str(
-            "<p class=warn>The recent-deliveries list is not kept on Redis Cluster; open a delivery by its key: <code>/admin/view/&lt;route&gt;/&lt;key&gt;</code>.</p>",
-        ),
+        LogSupport::None => body.push_str("<p class=warn>This store keeps no delivery log.</p>"),
         LogSupport::Full => match list_query(console.routes(), query) {
             Err(m) => {
                 let _ = write!(body, "<p class=warn>{}</p>", esc(&m));
