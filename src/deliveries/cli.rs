@@ -22,7 +22,7 @@ pub struct DeliveriesArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
-    /// Recent deliveries, newest (last seen) first.
+    /// Recent deliveries, newest (first seen) first.
     List {
         #[arg(long)]
         route: Option<String>,

@@ -302,7 +302,7 @@ pub trait DeliveryLog: Send + Sync + 'static {
         key: &DeliveryKey,
     ) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
 
-    /// A page of recent deliveries, newest (last seen) first.
+    /// A page of recent deliveries, newest (first seen) first: copies do not move a delivery.
     fn recent(&self, query: &ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
     /// Forgets `key` so the provider's next copy is forwarded.
