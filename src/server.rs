@@ -90,6 +90,7 @@ pub async fn run(
     match &config.store.url {
         StoreUrl::Memory => {
             let store = MemoryStore::new(lifetimes);
+            store.set_recent_per_route(config.store.recent_per_route);
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let queue = Arc::new(crate::store::MemoryQueue::new(store.clone()));

@@ -175,6 +175,10 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
+/// How many deliveries each route's recent index holds unless `store.recent_per_route`
+/// says otherwise (older ones drop off the list, not out of the store).
+pub const RECENT_PER_ROUTE: usize = 10_000;
+
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub url: StoreUrl,
@@ -193,6 +197,8 @@ pub struct StoreConfig {
     /// How long an open breaker answers without asking the store before it lets one
     /// probe through.
     pub breaker_cooldown: Duration,
+    /// How many deliveries each route's recent index (the list) holds.
+    pub recent_per_route: usize,
 }
 
 /// What a delivery gets when the store cannot be reached.

@@ -40,6 +40,7 @@ pub(super) struct RawStore {
     pub(super) replicas_ack_timeout: Option<String>,
     pub(super) breaker_threshold: Option<toml::Value>,
     pub(super) breaker_cooldown: Option<String>,
+    pub(super) recent_per_route: Option<toml::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

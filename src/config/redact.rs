@@ -85,6 +85,7 @@ impl Config {
             "breaker_cooldown = {}",
             q(&d(self.store.breaker_cooldown))
         );
+        let _ = writeln!(out, "recent_per_route = {}", self.store.recent_per_route);
         let _ = writeln!(out, "\n[dedup]");
         let _ = writeln!(out, "lease = {}", q(&d(self.dedup.lease)));
         let _ = writeln!(out, "retention = {}", q(&d(self.dedup.retention)));

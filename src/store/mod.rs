@@ -15,6 +15,7 @@ pub mod breaker;
 pub mod jobs;
 pub(crate) mod lease;
 pub mod log;
+pub mod log_filter;
 mod memory;
 pub mod pacing;
 pub mod queue;

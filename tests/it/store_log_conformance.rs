@@ -14,7 +14,8 @@ use idemgate::queue::QueueBackend;
 use idemgate::store::MemoryQueue;
 use idemgate::store::RedisQueue;
 use idemgate::store::log::{
-    ClaimLog, DeliveryLog, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled,
+    ClaimLog, DeliveryLog, Filter, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport,
+    SCAN_BUDGET, Settled,
 };
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
@@ -229,7 +230,10 @@ async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
     let released = s
         .recent(&ListQuery {
             routes: vec!["listed".into()],
-            status: Some(Status::Released),
+            filter: Filter {
+                status: Some(Status::Released),
+                ..Default::default()
+            },
             limit: 10,
             ..Default::default()
         })
@@ -240,7 +244,10 @@ async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
     let fwd = s
         .recent(&ListQuery {
             routes: vec!["listed".into()],
-            outcome: Some("forwarded".into()),
+            filter: Filter {
+                outcome: Some(LogOutcome::Forwarded),
+                ..Default::default()
+            },
             limit: 10,
             ..Default::default()
         })
@@ -485,6 +492,167 @@ async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_exp
         "not newest first: {seen:?}"
     );
     assert!(page_no > 10, "the walk took {page_no} pages");
+}
+
+/// Every filter word keeps what it says, on the store's own list (the words' parsing
+/// is unit-tested in `store::log_filter`).
+async fn filters_find_what_the_words_say<S: Store>(s: S) {
+    let k = |name: &str| DeliveryKey::new("found", name);
+    // a: forwarded 200, a copy answered; b: failed 503, request kept; c: failed 502.
+    let t = claimed(s.claim(&k("a_1"), &fp("a"), LOGGED).await.unwrap());
+    s.complete(
+        &k("a_1"),
+        t,
+        &response(b"ok"),
+        Some(&settled("forwarded", Some(200), false)),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        s.claim(&k("a_1"), &fp("a"), LOGGED).await.unwrap(),
+        Claim::Completed(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let kept_log = ClaimLog {
+        kept: Some(&kept()),
+        replay: false,
+    };
+    let t = claimed(s.claim(&k("b_1"), &fp("b"), Some(kept_log)).await.unwrap());
+    s.release(
+        &k("b_1"),
+        t,
+        Some(&settled("upstream_error", Some(503), false)),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let t = claimed(s.claim(&k("b_2"), &fp("c"), LOGGED).await.unwrap());
+    s.release(
+        &k("b_2"),
+        t,
+        Some(&settled("upstream_error", Some(502), false)),
+    )
+    .await
+    .unwrap();
+    let all = s
+        .recent(&ListQuery {
+            routes: vec!["found".into()],
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen: Vec<u64> = all.items.iter().map(|(_, e)| e.first_seen).collect();
+    assert_eq!(seen.len(), 3);
+    let (t_a, t_b1) = (seen[2], seen[1]);
+    let listed = |words: &[(&str, String)]| {
+        let mut filter = Filter::default();
+        for (w, v) in words {
+            assert!(filter.set(w, v).unwrap());
+        }
+        let q = ListQuery {
+            routes: vec!["found".into()],
+            filter,
+            limit: 10,
+            ..Default::default()
+        };
+        let s = &s;
+        async move {
+            let page = s.recent(&q).await.unwrap();
+            assert!(!page.partial);
+            page.items
+                .iter()
+                .map(|(_, e)| e.key.clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    let w = |k: &str, v: &str| (k.to_string(), v.to_string());
+    for (words, want) in [
+        (vec![w("key_prefix", "b_")], vec!["b_2", "b_1"]),
+        (vec![w("upstream_status", "5xx")], vec!["b_2", "b_1"]),
+        (vec![w("upstream_status", "503")], vec!["b_1"]),
+        (vec![w("upstream_status", "2xx")], vec!["a_1"]),
+        (vec![w("duplicates", "true")], vec!["a_1"]),
+        (vec![w("kept", "true")], vec!["b_1"]),
+        (vec![w("since", &t_b1.to_string())], vec!["b_2", "b_1"]),
+        (vec![w("until", &t_b1.to_string())], vec!["a_1"]),
+        (
+            vec![
+                w("since", &t_a.to_string()),
+                w("until", &(t_b1 + 1).to_string()),
+            ],
+            vec!["b_1", "a_1"],
+        ),
+        (
+            vec![w("outcome", "upstream_error"), w("key_prefix", "b_1")],
+            vec!["b_1"],
+        ),
+    ] {
+        let words: Vec<(&str, String)> =
+            words.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        assert_eq!(listed(&words).await, want, "{words:?}");
+    }
+}
+
+/// A filter that matches little over an index longer than a listing's reading budget:
+/// each page reads at most [`SCAN_BUDGET`] entries and says `partial` with a cursor,
+/// and walking the cursor finds every match once.
+async fn a_narrow_filter_over_a_long_index_answers_partial_pages<S: Store + Clone>(s: S) {
+    let deliver = |s: S, key: String| async move {
+        let k = DeliveryKey::new("long", key);
+        let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
+        s.complete(
+            &k,
+            t,
+            &response(b"ok"),
+            Some(&settled("forwarded", Some(200), false)),
+        )
+        .await
+        .unwrap();
+    };
+    for i in 0..3 {
+        deliver(s.clone(), format!("needle_{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let total = SCAN_BUDGET + SCAN_BUDGET / 2;
+    let mut set = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let s = s.clone();
+        set.spawn(async move {
+            for i in (w..total).step_by(8) {
+                deliver(s.clone(), format!("hay_{i:05}")).await;
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    let mut filter = Filter::default();
+    filter.set("key_prefix", "needle_").unwrap();
+    let mut q = ListQuery {
+        routes: vec!["long".into()],
+        filter,
+        limit: 10,
+        ..Default::default()
+    };
+    let first = s.recent(&q).await.unwrap();
+    assert!(first.partial, "the first page read the whole index");
+    assert!(first.items.is_empty(), "{:?}", first.items);
+    assert!(first.next.is_some());
+    let mut found = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = s.recent(&q).await.unwrap();
+        found.extend(page.items.iter().map(|(_, e)| e.key.clone()));
+        pages += 1;
+        assert!(pages < 10, "the walk does not end");
+        match page.next {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(found, ["needle_2", "needle_1", "needle_0"]);
+    assert!(pages >= 2, "{pages} pages");
 }
 
 const RETAIN_5S: Lifetimes = Lifetimes {
@@ -815,6 +983,8 @@ both!(
     a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
     stale_members_on_top_hide_no_live_delivery => RETAIN_4S,
     a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire => RETAIN_5S,
+    filters_find_what_the_words_say => LIFETIMES,
+    a_narrow_filter_over_a_long_index_answers_partial_pages => LIFETIMES,
     a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,
     any_release_of_a_replay_keeps_the_old_answer => LIFETIMES,
     a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch => LIFETIMES;

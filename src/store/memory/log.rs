@@ -1,13 +1,16 @@
 //! The delivery log in memory: the same fields as on Redis, kept on each
 //! entry, so the admin API, the console and their tests work on `store.url = "memory"`
-//! (one replica's deliveries only). Listing scans the map: fine for the single,
-//! local process this store is for.
+//! (one replica's deliveries only). Listing reads each route's recent index
+//! (recent.rs), a bounded number of items per page.
 
 use super::{Entry, MemoryStore, later};
 use std::time::Instant;
 
+use super::recent::Reading;
 use crate::providers::Fingerprint;
-use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, Page, Settled};
+use crate::store::log::{
+    Cursor, Forgot, KeptRequest, ListQuery, LogEntry, Page, SCAN_BUDGET, Settled,
+};
 use crate::store::{Claim, DeliveryKey, Lifetimes, Status, StoreError, Token, unix_millis};
 
 /// What the log adds to an entry.
@@ -112,19 +115,31 @@ impl MemoryStore {
     }
 
     pub(super) fn read_recent(&self, q: &ListQuery) -> Result<Page, StoreError> {
-        let all = self.with_entries(|map, now| {
-            map.iter()
-                .filter(|(k, e)| e.live(now) && q.routes.iter().any(|r| **r == *k.route))
-                .map(|(k, e)| (e.first_seen, entry_of(k, e, now, false)))
-                .filter(|(score, e)| {
-                    q.matches(e)
-                        && q.cursor
-                            .as_ref()
-                            .is_none_or(|c| (*score, e.route.as_str(), e.key.as_str()) < c.order())
-                })
-                .collect::<Vec<_>>()
-        })?;
-        Ok(Page::from_candidates(all, q.limit.max(1)))
+        let limit = q.limit.max(1);
+        let budget = (SCAN_BUDGET / q.routes.len().max(1)).max(1);
+        let (mut all, mut stopped) = (Vec::new(), None::<Cursor>);
+        for route in &q.routes {
+            let reading = Reading {
+                route,
+                cursor: q.cursor.as_ref(),
+                since: q.filter.since,
+                until: q.filter.until,
+                budget,
+                want: limit + 1,
+            };
+            let found = self.read_route(
+                &reading,
+                |k, e, now| entry_of(k, e, now, false),
+                |e| q.matches(e),
+            )?;
+            all.extend(found.items);
+            if let Some(low) = found.stopped
+                && stopped.as_ref().is_none_or(|s| low.order() > s.order())
+            {
+                stopped = Some(low);
+            }
+        }
+        Ok(Page::from_candidates(all, limit, stopped))
     }
 
     pub(super) fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {

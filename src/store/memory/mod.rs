@@ -18,6 +18,8 @@ mod log;
 /// The route's pacing state in process (`store::pacing`).
 mod pacing;
 mod queue;
+/// Each route's recent deliveries, for listing (`store::log`).
+mod recent;
 pub use queue::MemoryQueue;
 
 struct Entry {
@@ -120,6 +122,7 @@ pub(super) fn later(now: Instant, d: Duration) -> Instant {
 #[derive(Default)]
 struct Inner {
     entries: Mutex<HashMap<DeliveryKey, Entry>>,
+    recent: Mutex<recent::Recent>,
 }
 
 /// See the module documentation.
@@ -202,7 +205,7 @@ impl MemoryStore {
         if map.get(key).is_some_and(|e| !e.live(now)) {
             map.remove(key);
         }
-        let entry = map.entry(key.clone()).or_insert_with(|| {
+        let entry = self.created(map, key, || {
             Entry::fresh(Some(*fp), Status::Released, ms, later(now, retention))
         });
         let status = entry.status_at(now);
@@ -337,9 +340,9 @@ impl Store for MemoryStore {
             } else {
                 map.remove(key);
             }
-            let e = map
-                .entry(key.clone())
-                .or_insert_with(|| Entry::fresh(Some(*fp), Status::Released, unix_millis(), now));
+            let e = self.created(map, key, || {
+                Entry::fresh(Some(*fp), Status::Released, unix_millis(), now)
+            });
             e.fp = Some(*fp);
             e.complete(response, later(now, retention));
             e.note(settled);
@@ -412,9 +415,7 @@ impl MemoryStore {
             }
             // An expired record comes back without a fingerprint, as deliver_lock.lua
             // re-creates the hash: copies are acknowledged, not refused.
-            let entry = map
-                .entry(key.clone())
-                .or_insert_with(|| Entry::fresh(None, Status::Queued, ms, now));
+            let entry = self.created(map, key, || Entry::fresh(None, Status::Queued, ms, now));
             if entry.status_at(now) == Status::Completed {
                 return DeliveryLock::Completed;
             }

@@ -22,7 +22,8 @@ use redis::Value;
 use super::connection::query_groups;
 use super::{Call, Keys, RedisStore, ScriptDef, bytes_of, int_of};
 use crate::store::log::{
-    ClaimLog, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, Settled,
+    ClaimLog, Cursor, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, SCAN_BUDGET,
+    Settled,
 };
 use crate::store::{DeliveryKey, Status, StoreError};
 
@@ -188,19 +189,28 @@ impl RedisStore {
     pub(super) async fn read_recent(&self, q: &ListQuery) -> Result<Page, StoreError> {
         self.flush_log().await;
         let limit = q.limit.max(1);
+        let budget = (SCAN_BUDGET / q.routes.len().max(1)).max(BATCH);
+        // The index is scored by first seen: `since` and `until` bound the range read.
+        let top = match (q.cursor.as_ref(), q.filter.until) {
+            (Some(c), Some(u)) => Some(c.score.min(u.saturating_sub(1))),
+            (Some(c), None) => Some(c.score),
+            (None, u) => u.map(|u| u.saturating_sub(1)),
+        };
+        let bottom = q
+            .filter
+            .since
+            .map_or_else(|| "-inf".to_string(), |s| s.to_string());
         let mut all = Vec::new();
+        let mut stopped: Option<Cursor> = None;
         for route in &q.routes {
             let index = self.index_key(route);
             // Paged by score, not by a running offset: stale members removed on the
             // way would shift every later member up past an offset. Each batch starts
             // at the last score read, past the members at that score still indexed.
-            let mut max = q
-                .cursor
-                .as_ref()
-                .map(|c| c.score.to_string())
-                .unwrap_or_else(|| "+inf".into());
+            let mut max = top.map_or_else(|| "+inf".to_string(), |t| t.to_string());
             let mut offset = 0usize;
             let mut found = 0usize;
+            let mut read = 0usize;
             loop {
                 let mut conn = self.conn.clone();
                 let members: Vec<(String, u64)> = self
@@ -208,7 +218,7 @@ impl RedisStore {
                         redis::cmd("ZREVRANGEBYSCORE")
                             .arg(&index)
                             .arg(&max)
-                            .arg("-inf")
+                            .arg(&bottom)
                             .arg("WITHSCORES")
                             .arg("LIMIT")
                             .arg(offset)
@@ -217,7 +227,13 @@ impl RedisStore {
                     )
                     .await?;
                 let n = members.len();
+                read += n;
                 let last = members.last().map(|(_, score)| *score);
+                let lowest = members.last().map(|(k, score)| Cursor {
+                    score: *score,
+                    route: route.clone(),
+                    key: k.clone(),
+                });
                 let mut removed = std::collections::HashSet::new();
                 let candidates: Vec<(String, u64)> = members
                     .iter()
@@ -278,9 +294,18 @@ impl RedisStore {
                 if found > limit || n < BATCH {
                     break;
                 }
+                if read >= budget {
+                    // Cut here: the page goes on from the lowest entry read.
+                    if let Some(low) = lowest
+                        && stopped.as_ref().is_none_or(|s| low.order() > s.order())
+                    {
+                        stopped = Some(low);
+                    }
+                    break;
+                }
             }
         }
-        Ok(Page::from_candidates(all, limit))
+        Ok(Page::from_candidates(all, limit, stopped))
     }
 
     /// Each candidate's reads ([`read_entry`]), one pipeline per delivery (one slot

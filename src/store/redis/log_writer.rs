@@ -13,7 +13,7 @@
 //! a delivery to the log's reads. Reads in this process (`flush`) first wait for what
 //! was queued before them; another process sees the writes one batch later.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,6 +78,8 @@ pub(crate) struct LogWriter {
     ttls: WriteTtls,
     /// The store's "a `redis://` server in cluster mode" flag (cluster_mode.rs).
     cluster_mode: Arc<AtomicBool>,
+    /// How many members each recent index keeps (`store.recent_per_route`).
+    cap: Arc<AtomicUsize>,
     /// The writer task's queue; started by the first write, restarted when the runtime
     /// that ran it is gone (tests run one runtime each).
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
@@ -95,6 +97,7 @@ impl LogWriter {
             timeout,
             ttls,
             cluster_mode,
+            cap: Arc::new(AtomicUsize::new(RECENT_PER_ROUTE)),
             tx: Mutex::new(None),
         }
     }
@@ -110,12 +113,18 @@ impl LogWriter {
                     self.timeout,
                     self.ttls,
                     self.cluster_mode.clone(),
+                    self.cap.clone(),
                     rx,
                 ));
                 *tx = Some(s.clone());
                 s
             }
         }
+    }
+
+    /// Sets how many members each recent index keeps.
+    pub(crate) fn set_cap(&self, cap: usize) {
+        self.cap.store(cap.max(1), Ordering::Relaxed);
     }
 
     /// Queues one claim's writes (waits only while the queue is full).
@@ -141,6 +150,7 @@ async fn run(
     timeout: Duration,
     ttls: WriteTtls,
     cluster_mode: Arc<AtomicBool>,
+    cap: Arc<AtomicUsize>,
     mut rx: mpsc::Receiver<Msg>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
@@ -158,10 +168,17 @@ async fn run(
             }
         }
         if !writes.is_empty() {
-            let written =
-                tokio::time::timeout(timeout, write_batch(&conn, &writes, ttls, &cluster_mode))
-                    .await
-                    .unwrap_or_else(|_| Err("timed out".to_string()));
+            let written = tokio::time::timeout(
+                timeout,
+                write_batch(
+                    &conn,
+                    &writes,
+                    (ttls, cap.load(Ordering::Relaxed)),
+                    &cluster_mode,
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| Err("timed out".to_string()));
             // One warning per 10 s at most: a Redis outage fails every batch.
             if let Err(error) = written
                 && failed_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
@@ -184,10 +201,10 @@ async fn run(
 async fn write_batch(
     conn: &Connection,
     writes: &[LogWrite],
-    ttls: WriteTtls,
+    (ttls, cap): (WriteTtls, usize),
     cluster_mode: &AtomicBool,
 ) -> Result<(), String> {
-    let plan = Plan::of(writes, ttls);
+    let plan = Plan::of(writes, ttls, cap);
     let mut replies = None;
     if !matches!(conn, Connection::Cluster(_)) && !cluster_mode.load(Ordering::Relaxed) {
         match plan
@@ -246,7 +263,8 @@ struct Plan {
 }
 
 impl Plan {
-    fn of(writes: &[LogWrite], ttls: WriteTtls) -> Plan {
+    /// `cap`: how many members each index keeps.
+    fn of(writes: &[LogWrite], ttls: WriteTtls, cap: usize) -> Plan {
         let hashes = writes.iter().map(|w| hash_commands(w, ttls)).collect();
         let mut names: Vec<&str> = Vec::new();
         let mut indexes: Vec<redis::Pipeline> = Vec::new();
@@ -272,7 +290,7 @@ impl Plan {
             pipe.cmd("ZREMRANGEBYRANK")
                 .arg(*name)
                 .arg(0)
-                .arg(-(RECENT_PER_ROUTE as i64) - 1);
+                .arg(-i64::try_from(cap).unwrap_or(i64::MAX - 1) - 1);
             pipe.cmd("PEXPIRE").arg(*name).arg(ttls.index);
         }
         Plan {
@@ -448,7 +466,7 @@ mod tests {
             write("b", "k2", 11, false),
             write("a", "k3", 12, true),
         ];
-        let plan = Plan::of(&batch, TTLS);
+        let plan = Plan::of(&batch, TTLS, RECENT_PER_ROUTE);
         let w = words(&plan.atomic());
         assert_eq!(w.iter().filter(|c| *c == "MULTI").count(), 1, "{w:#?}");
         assert_eq!(w.iter().filter(|c| *c == "EXEC").count(), 1, "{w:#?}");
@@ -476,7 +494,7 @@ mod tests {
     #[test]
     fn a_member_an_earlier_life_left_is_moved_to_the_new_claim_only() {
         let batch = [write("a", "k1", 10, true), write("a", "k2", 12, true)];
-        let plan = Plan::of(&batch, TTLS);
+        let plan = Plan::of(&batch, TTLS, RECENT_PER_ROUTE);
         let hash = |first: i64| {
             vec![
                 Value::Int(0),

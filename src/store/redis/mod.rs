@@ -227,7 +227,14 @@ impl RedisStore {
         .with_replica_acks(
             config.store.min_replicas_ack,
             config.store.replicas_ack_timeout,
-        ))
+        )
+        .with_recent_per_route(config.store.recent_per_route))
+    }
+
+    /// Sets how many deliveries each route's recent index holds.
+    pub fn with_recent_per_route(self, cap: usize) -> Self {
+        self.log_writer.set_cap(cap);
+        self
     }
 
     /// Makes claims and completions count only once `replicas` replicas confirmed them
