@@ -80,7 +80,7 @@ async fn deliver<S: Store>(s: &S, i: usize) {
     let Ok(Claim::Claimed(t)) = s.claim(&k, &fp, Some(log)).await else {
         return;
     };
-    let failed = i % 100 == 0;
+    let failed = i.is_multiple_of(100);
     let settled = Settled {
         outcome: if failed {
             LogOutcome::UpstreamError

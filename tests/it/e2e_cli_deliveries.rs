@@ -55,15 +55,15 @@ async fn list_show_forget_and_replay_from_the_command_line() {
             .map(|e| e["key"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(keys(&["--upstream-status", "5xx"]), [failed.id.clone()]);
-    assert_eq!(keys(&["--duplicates"]), [ok.id.clone()]);
-    assert_eq!(keys(&["--key-prefix", &ok.id]), [ok.id.clone()]);
+    assert_eq!(keys(&["--upstream-status", "5xx"]), [failed.id.as_str()]);
+    assert_eq!(keys(&["--duplicates"]), [ok.id.as_str()]);
+    assert_eq!(keys(&["--key-prefix", &ok.id]), [ok.id.as_str()]);
     assert_eq!(keys(&["--kept"]).len(), 2, "this route keeps every request");
     let first = cli.json(&["deliveries", "show", ROUTE, &failed.id])["first_seen"]
         .as_u64()
         .unwrap();
-    assert_eq!(keys(&["--until", &first.to_string()]), [ok.id.clone()]);
-    assert_eq!(keys(&["--since", &first.to_string()]), [failed.id.clone()]);
+    assert_eq!(keys(&["--until", &first.to_string()]), [ok.id.as_str()]);
+    assert_eq!(keys(&["--since", &first.to_string()]), [failed.id.as_str()]);
     let bad = cli.run(&["deliveries", "list", "--since", "yesterday"]);
     assert!(!bad.status.success());
     let stderr = String::from_utf8_lossy(&bad.stderr);
