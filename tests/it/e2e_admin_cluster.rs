@@ -153,6 +153,9 @@ async fn the_recent_index_survives_a_master_failover_without_duplicates() {
 
     let before = send_fresh(&sc, 80).await;
     assert_eq!(before.len(), 80);
+    // Listed (the API waits for this process's queued log writes) before the
+    // replica is checked.
+    assert_eq!(listed_keys(&sc).await.len(), 80);
     let index = cluster
         .live_masters()
         .into_iter()
