@@ -122,29 +122,34 @@ impl MemoryStore {
             Err(_) => return Err(poisoned()),
         };
         let route: Arc<str> = Arc::from(r.route);
-        let (items, stale) = self.with_entries(|map, now| {
-            let (mut items, mut stale) = (Vec::new(), Vec::new());
+        let (items, stale, examined) = self.with_entries(|map, now| {
+            let (mut items, mut stale, mut examined) = (Vec::new(), Vec::new(), 0);
             for (score, k) in &candidates {
+                if items.len() >= r.want {
+                    break;
+                }
+                examined += 1;
                 let key = DeliveryKey::new(route.clone(), k.as_str());
                 match map.get(&key) {
                     Some(e) if e.live(now) && e.first_seen == *score => {
                         let entry = entry_of(&key, e, now);
-                        if matches(&entry) && items.len() < r.want {
+                        if matches(&entry) {
                             items.push((*score, entry));
                         }
                     }
                     _ => stale.push((*score, k.clone())),
                 }
             }
-            (items, stale)
+            (items, stale, examined)
         })?;
         if !stale.is_empty()
             && let Ok(mut recent) = self.inner.recent.lock()
         {
             recent.drop_stale(r.route, &stale);
         }
-        let cut = candidates.len() >= r.budget && items.len() < r.want;
-        let stopped = candidates.last().filter(|_| cut).map(|(score, k)| Cursor {
+        let cut = examined >= r.budget && items.len() < r.want;
+        let last = candidates.get(examined.saturating_sub(1));
+        let stopped = last.filter(|_| cut).map(|(score, k)| Cursor {
             score: *score,
             route: r.route.to_string(),
             key: k.clone(),
