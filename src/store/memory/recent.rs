@@ -6,6 +6,7 @@
 //! when read. So a listing reads a bounded number of items, not the whole map.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,15 +66,23 @@ impl Recent {
         let Some(items) = self.routes.get(r.route) else {
             return Vec::new();
         };
-        let top = r.until.map_or(u64::MAX, |u| u.saturating_sub(1));
+        // The range read: at most `until - 1` and the cursor's score, at least `since`
+        // (a range, not a walk from the top: deep pages cost what the first does).
+        let mut top = r.until.map_or(u64::MAX, |u| u.saturating_sub(1));
+        if let Some(c) = r.cursor {
+            top = top.min(c.score);
+        }
         let bottom = r.since.unwrap_or(0);
         if top < bottom {
             return Vec::new();
         }
+        let upper = match top.checked_add(1) {
+            Some(t) => Bound::Excluded((t, String::new())),
+            None => Bound::Unbounded,
+        };
         items
-            .range((bottom, String::new())..)
+            .range((Bound::Included((bottom, String::new())), upper))
             .rev()
-            .skip_while(|(s, _)| *s > top)
             .filter(|(s, k)| {
                 r.cursor
                     .is_none_or(|c| (*s, r.route, k.as_str()) < c.order())
