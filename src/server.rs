@@ -86,7 +86,8 @@ pub async fn run(
     match &config.store.url {
         StoreUrl::Memory | StoreUrl::File(_) => {
             let options = MemoryOptions::new(RouteLifetimes::from_config(&config))
-                .max_memory(config.store.max_memory);
+                .max_memory(config.store.max_memory)
+                .recent_per_route(config.store.recent_per_route);
             // The `file:` store is the memory store journaled to its directory.
             let (store, queue) = match &config.store.url {
                 StoreUrl::File(dir) => crate::store::file::open(dir, config.store.fsync, options)?,

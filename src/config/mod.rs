@@ -194,6 +194,10 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
+/// How many deliveries each route's recent index holds unless `store.recent_per_route`
+/// says otherwise (older ones drop off the list, not out of the store).
+pub const RECENT_PER_ROUTE: usize = 10_000;
+
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub url: StoreUrl,
@@ -217,6 +221,8 @@ pub struct StoreConfig {
     /// Bytes the in-process store's entries may take before the oldest settled ones
     /// are forgotten (`store.max_memory`).
     pub max_memory: u64,
+    /// How many deliveries each route's recent index (the list) holds.
+    pub recent_per_route: usize,
 }
 
 /// What a delivery gets when the store cannot be reached.

@@ -42,6 +42,7 @@ pub(super) struct RawStore {
     pub(super) breaker_cooldown: Option<String>,
     pub(super) fsync: Option<String>,
     pub(super) max_memory: Option<String>,
+    pub(super) recent_per_route: Option<toml::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -121,6 +121,7 @@ impl Config {
             "breaker_cooldown = {}",
             q(&d(self.store.breaker_cooldown))
         );
+        let _ = writeln!(out, "recent_per_route = {}", self.store.recent_per_route);
         let _ = writeln!(out, "\n[dedup]");
         dedup_lines(&mut out, &self.dedup);
         let _ = writeln!(out, "\n[async]");

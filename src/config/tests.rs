@@ -94,6 +94,24 @@ breaker_cooldown = "250ms"
 }
 
 #[test]
+fn recent_per_route_defaults_to_ten_thousand_and_is_bounded() {
+    let c = Config::from_toml_with_env("", env_none).unwrap();
+    assert_eq!(c.store.recent_per_route, 10_000);
+    let c =
+        Config::from_toml_with_env("[store]\nrecent_per_route = 1_000_000\n", env_none).unwrap();
+    assert_eq!(c.store.recent_per_route, 1_000_000);
+    let again = Config::from_toml_with_env(&c.redacted_toml(), env_none).unwrap();
+    assert_eq!(again.store.recent_per_route, 1_000_000);
+    for bad in ["0", "10_000_001", "-5", "\"many\""] {
+        assert_eq!(
+            err(&format!("[store]\nrecent_per_route = {bad}")).field,
+            "store.recent_per_route",
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn a_store_section_defaults_to_local_redis() {
     let c = Config::from_toml_with_env("[store]\n", env_none).unwrap();
     assert_eq!(

@@ -321,6 +321,7 @@ pub(super) fn validate(
         )?)
         .map_err(|_| ConfigError::new("store.breaker_threshold", "is too large"))?,
         breaker_cooldown: dur("store.breaker_cooldown", rs.breaker_cooldown, "1s")?,
+        recent_per_route: recent_per_route(rs.recent_per_route)?,
     };
 
     let rd = raw.dedup.unwrap_or_default();
@@ -496,4 +497,17 @@ pub(super) fn validate(
     };
     bounds::relations(&config)?;
     Ok(config)
+}
+
+/// `store.recent_per_route`: 1 to 10,000,000 (default [`super::RECENT_PER_ROUTE`]).
+fn recent_per_route(v: Option<toml::Value>) -> Result<usize, ConfigError> {
+    const MAX: u64 = 10_000_000;
+    let n = parse_count("store.recent_per_route", v, super::RECENT_PER_ROUTE as u64)?;
+    if n > MAX {
+        return Err(ConfigError::new(
+            "store.recent_per_route",
+            format!("`{n}` is more than {MAX}"),
+        ));
+    }
+    usize::try_from(n).map_err(|_| ConfigError::new("store.recent_per_route", "is too large"))
 }

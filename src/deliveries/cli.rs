@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use crate::config::Config;
 use crate::deliveries::{self, audit::audit};
-use crate::store::log::{Cursor, DeliveryLog, Forgot, ListQuery, LogEntry};
-use crate::store::{DeliveryKey, RedisStore, Status};
+use crate::store::log::{Cursor, DeliveryLog, Filter, Forgot, ListQuery, LogEntry};
+use crate::store::{DeliveryKey, RedisStore};
 use crate::upstream::Upstream;
 
 #[derive(clap::Args, Debug)]
@@ -22,7 +22,7 @@ pub struct DeliveriesArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
-    /// Recent deliveries, newest (last seen) first.
+    /// Recent deliveries, newest (first seen) first.
     List {
         #[arg(long)]
         route: Option<String>,
@@ -32,6 +32,23 @@ enum Command {
         /// forwarded | upstream_error | operator_replay | operator_replay_failed
         #[arg(long)]
         outcome: Option<String>,
+        /// First seen at or after (Unix ms).
+        #[arg(long)]
+        since: Option<String>,
+        /// First seen before (Unix ms).
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long)]
+        key_prefix: Option<String>,
+        /// The upstream's status (503) or class (5xx).
+        #[arg(long)]
+        upstream_status: Option<String>,
+        /// Only deliveries that answered at least one copy.
+        #[arg(long)]
+        duplicates: bool,
+        /// Only deliveries whose request was kept.
+        #[arg(long)]
+        kept: bool,
         #[arg(long, default_value_t = 50)]
         limit: usize,
         /// The `next_cursor` of the previous page.
@@ -190,18 +207,33 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
             route,
             status,
             outcome,
+            since,
+            until,
+            key_prefix,
+            upstream_status,
+            duplicates,
+            kept,
             limit,
             cursor,
         } => {
-            let status = match status.as_deref().map(|s| (s, Status::parse(s))) {
-                Some((s, None)) => {
-                    return fail(format!(
-                        "--status `{s}` is not one of processing, completed, released"
-                    ));
+            let mut filter = Filter::default();
+            let words = [
+                ("status", status),
+                ("outcome", outcome),
+                ("since", since),
+                ("until", until),
+                ("key_prefix", key_prefix),
+                ("upstream_status", upstream_status),
+                ("duplicates", duplicates.then(|| "true".to_string())),
+                ("kept", kept.then(|| "true".to_string())),
+            ];
+            for (word, value) in words {
+                if let Some(v) = value
+                    && let Err(e) = filter.set(word, &v)
+                {
+                    return fail(format!("--{}: {}", e.name.replace('_', "-"), e.message));
                 }
-                Some((_, st)) => st,
-                None => None,
-            };
+            }
             let cursor = match cursor.as_deref().map(|c| (c, Cursor::decode(c))) {
                 Some((_, None)) => {
                     return fail("--cursor is not a next_cursor this command printed");
@@ -214,8 +246,7 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
                     Some(r) => vec![r],
                     None => config.routes.iter().map(|r| r.name.clone()).collect(),
                 },
-                status,
-                outcome,
+                filter,
                 limit: limit.clamp(1, 10_000),
                 cursor,
             };
@@ -227,7 +258,12 @@ async fn run(config: &Config, store: &RedisStore, args: DeliveriesArgs) -> ExitC
                 Ok(page) => {
                     print!("{}", table(&page.items));
                     if let Some(n) = &page.next {
-                        println!("(more: --cursor {})", n.encode());
+                        let partial = if page.partial {
+                            "partial page: the reading stopped early; "
+                        } else {
+                            ""
+                        };
+                        println!("({partial}more: --cursor {})", n.encode());
                     }
                     ExitCode::SUCCESS
                 }

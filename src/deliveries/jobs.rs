@@ -25,8 +25,9 @@ use super::replay;
 use crate::gate::Gate;
 use crate::queue::{AsyncMode, QueueBackend};
 use crate::store::jobs::{Created, JobRecord, JobState, Mark};
-use crate::store::log::{ListQuery, LogSupport};
-use crate::store::{DeliveryKey, Status, Store, StoreError, unix_millis};
+use crate::store::log::{Filter, ListQuery, LogSupport};
+use crate::store::log_filter;
+use crate::store::{DeliveryKey, Store, StoreError, unix_millis};
 
 /// How often a runner beats; a job whose beat is `STALE` old is taken over.
 const BEAT: Duration = Duration::from_secs(2);
@@ -82,7 +83,7 @@ fn ms(d: Duration) -> u64 {
 
 /// What a job does, parsed and checked from the operator's request.
 enum Work {
-    Replay(ListQuery, Option<u64>, Option<u64>),
+    Replay(ListQuery),
     Redrive(Option<String>, Option<Duration>),
 }
 
@@ -197,7 +198,7 @@ fn parse<S: Store>(
         return bad(format!("no route named `{route}`"));
     }
     let allowed: &[&str] = match kind {
-        "replay" => &["status", "outcome", "since", "until"],
+        "replay" => &log_filter::WORDS,
         "redrive" => &["error_contains", "older_than"],
         _ => return bad(format!("kind `{kind}` is not one of replay, redrive")),
     };
@@ -212,14 +213,6 @@ fn parse<S: Store>(
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(_) => Err(JobError::BadRequest(format!("filter.{k} must be a string"))),
-        }
-    };
-    let millis = |k: &str| -> Result<Option<u64>, JobError> {
-        match filter.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                JobError::BadRequest(format!("filter.{k} must be Unix milliseconds"))
-            }),
         }
     };
     if kind == "redrive" {
@@ -237,27 +230,34 @@ fn parse<S: Store>(
         return Ok(Work::Redrive(text("error_contains")?, older));
     }
     if p.store.log_support() != LogSupport::Full {
-        return bad(
-            "a replay job lists deliveries, and this store keeps no list (Redis Cluster, or no log)"
-                .into(),
-        );
+        return bad("a replay job lists deliveries, and this store keeps no delivery log".into());
     }
-    let status = match text("status")? {
-        Some(s) => Some(Status::parse(&s).ok_or_else(|| {
-            JobError::BadRequest(format!(
-                "filter.status `{s}` is not one of processing, completed, released"
-            ))
-        })?),
-        None => None,
-    };
+    // The list's words, parsed as the API parses them (a number or a boolean as its
+    // text).
+    let mut words = Filter::default();
+    for (k, v) in filter {
+        let v = match v {
+            Value::Null => continue,
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            _ => {
+                return bad(format!(
+                    "filter.{k} must be a string, a number or a boolean"
+                ));
+            }
+        };
+        words
+            .set(k, &v)
+            .map_err(|e| JobError::BadRequest(format!("filter.{e}")))?;
+    }
     let q = ListQuery {
         routes: vec![route.to_string()],
-        status,
-        outcome: text("outcome")?,
+        filter: words,
         limit: PAGE,
         cursor: None,
     };
-    Ok(Work::Replay(q, millis("since")?, millis("until")?))
+    Ok(Work::Replay(q))
 }
 
 /// The work list: the keys to replay or the dead letters to redrive.
@@ -273,14 +273,9 @@ async fn items<S: Store>(
         ))
     };
     match work {
-        Work::Replay(mut q, since, until) => loop {
+        Work::Replay(mut q) => loop {
             let page = p.store.recent(&q).await?;
-            for (_, e) in &page.items {
-                if since.is_none_or(|s| e.first_seen >= s) && until.is_none_or(|u| e.first_seen < u)
-                {
-                    items.push(e.key.clone());
-                }
-            }
+            items.extend(page.items.iter().map(|(_, e)| e.key.clone()));
             if items.len() > MAX_ITEMS {
                 return Err(too_many());
             }

@@ -7,24 +7,22 @@ use std::future::Future;
 use bytes::Bytes;
 use http::{HeaderMap, Method};
 
+pub use crate::store::log_filter::Filter;
 use crate::store::{DeliveryKey, Status, StoreError};
 use crate::upstream;
 
 /// Largest request kept for replay (headers + body); larger ones are logged without it.
 pub const KEEP_PAYLOAD_MAX: usize = 256 * 1024;
 
-/// How many deliveries each route's recent index holds (older ones drop off the list,
-/// not out of the store: `show`, `forget` and `replay` still find them by key).
-pub const RECENT_PER_ROUTE: usize = 10_000;
+/// How many deliveries each route's recent index holds by default (older ones drop off
+/// the list, not out of the store: `show`, `forget` and `replay` still find them by key).
+pub const RECENT_PER_ROUTE: usize = crate::config::RECENT_PER_ROUTE;
 
 /// What of the delivery log a store keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogSupport {
     /// No log: the admin API answers 501.
     None,
-    /// Entries by key (show, forget, replay), without the recent index (Redis Cluster:
-    /// the index would be a second slot, which a script may not touch).
-    ByKey,
     /// Entries by key and the recent index (list).
     Full,
 }
@@ -236,51 +234,71 @@ impl Cursor {
 pub struct ListQuery {
     /// The routes to list (all configured routes when the caller did not filter).
     pub routes: Vec<String>,
-    pub status: Option<Status>,
-    pub outcome: Option<String>,
+    pub filter: Filter,
     pub limit: usize,
     pub cursor: Option<Cursor>,
 }
 
 impl ListQuery {
     pub fn matches(&self, e: &LogEntry) -> bool {
-        self.status.is_none_or(|s| s == e.status)
-            && self
-                .outcome
-                .as_deref()
-                .is_none_or(|o| e.outcome.as_deref() == Some(o))
+        self.filter.matches(e)
     }
 }
+
+/// How many index entries one listing reads at most, whatever its filter: past it, the
+/// page is `partial` and its cursor goes on from where the reading stopped.
+pub const SCAN_BUDGET: usize = 5_000;
 
 /// One page of the list; `next` continues it.
 #[derive(Debug, Clone, Default)]
 pub struct Page {
     pub items: Vec<(u64, LogEntry)>,
     pub next: Option<Cursor>,
+    /// The reading stopped at [`SCAN_BUDGET`] before the page was full: `next` goes on
+    /// (there may be nothing more to find).
+    pub partial: bool,
 }
 
 impl Page {
     /// Merges per-route candidates (each sorted or not) into one page of `limit`.
-    pub fn from_candidates(mut all: Vec<(u64, LogEntry)>, limit: usize) -> Page {
+    /// `stopped`: the lowest position a route whose reading was cut read to, if any:
+    /// candidates below it are left for the next page (another route may hold
+    /// entries above them not read yet), and the page goes on from there.
+    pub fn from_candidates(
+        mut all: Vec<(u64, LogEntry)>,
+        limit: usize,
+        stopped: Option<Cursor>,
+    ) -> Page {
         all.sort_by(|a, b| (b.0, &b.1.route, &b.1.key).cmp(&(a.0, &a.1.route, &a.1.key)));
+        if let Some(stop) = &stopped {
+            all.retain(|(score, e)| (*score, e.route.as_str(), e.key.as_str()) >= stop.order());
+        }
         let more = all.len() > limit;
         all.truncate(limit);
-        let next = if more {
-            all.last().map(|(score, e)| Cursor {
-                score: *score,
-                route: e.route.clone(),
-                key: e.key.clone(),
-            })
-        } else {
-            None
+        let at = |(score, e): &(u64, LogEntry)| Cursor {
+            score: *score,
+            route: e.route.clone(),
+            key: e.key.clone(),
         };
-        Page { items: all, next }
+        match stopped {
+            Some(stop) if !more => Page {
+                next: Some(stop),
+                items: all,
+                partial: true,
+            },
+            _ => Page {
+                next: if more { all.last().map(at) } else { None },
+                items: all,
+                partial: false,
+            },
+        }
     }
 
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "deliveries": self.items.iter().map(|(_, e)| e.to_json()).collect::<Vec<_>>(),
             "next_cursor": self.next.as_ref().map(Cursor::encode),
+            "partial": self.partial,
         })
     }
 }
@@ -305,7 +323,7 @@ pub trait DeliveryLog: Send + Sync + 'static {
         key: &DeliveryKey,
     ) -> impl Future<Output = Result<Option<LogEntry>, StoreError>> + Send;
 
-    /// A page of recent deliveries, newest (last seen) first.
+    /// A page of recent deliveries, newest (first seen) first: copies do not move a delivery.
     fn recent(&self, query: &ListQuery) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
     /// Forgets `key` so the provider's next copy is forwarded.

@@ -18,6 +18,7 @@ pub mod file;
 pub mod jobs;
 pub(crate) mod lease;
 pub mod log;
+pub mod log_filter;
 mod memory;
 pub mod pacing;
 pub mod queue;

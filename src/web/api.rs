@@ -6,8 +6,9 @@ use http::{Method, StatusCode};
 use super::{Answer, Caller, Console, Operator, json, json_error, query_pairs};
 use crate::deliveries::audit::audit;
 use crate::deliveries::{self, ReplayError};
-use crate::store::log::{Cursor, Forgot, ListQuery, LogSupport};
-use crate::store::{DeliveryKey, Status, Store, StoreError};
+use crate::store::log::{Cursor, Filter, Forgot, ListQuery, LogSupport};
+use crate::store::log_filter;
+use crate::store::{DeliveryKey, Store, StoreError};
 
 /// Page size when the caller gives none, and the largest accepted.
 pub const DEFAULT_LIMIT: usize = 50;
@@ -29,19 +30,19 @@ fn no_log() -> Answer {
     )
 }
 
-/// Parses the list query (`route`, `status`, `outcome`, `limit`, `cursor`).
+/// Parses the list query (`route`, the filter's words, `limit`, `cursor`).
 pub(crate) fn list_query(routes: &[String], query: Option<&str>) -> Result<ListQuery, String> {
     let q = query_pairs(query);
     let routes = match q.get("route").filter(|r| !r.is_empty()) {
         Some(r) => vec![r.clone()],
         None => routes.to_vec(),
     };
-    let status = match q.get("status").filter(|s| !s.is_empty()) {
-        Some(s) => Some(Status::parse(s).ok_or_else(|| {
-            format!("status `{s}` is not one of processing, completed, released")
-        })?),
-        None => None,
-    };
+    let mut filter = Filter::default();
+    for word in log_filter::WORDS {
+        if let Some(v) = q.get(word) {
+            filter.set(word, v).map_err(|e| e.to_string())?;
+        }
+    }
     let limit = match q.get("limit").filter(|s| !s.is_empty()) {
         Some(l) => l
             .parse::<usize>()
@@ -56,8 +57,7 @@ pub(crate) fn list_query(routes: &[String], query: Option<&str>) -> Result<ListQ
     };
     Ok(ListQuery {
         routes,
-        status,
-        outcome: q.get("outcome").filter(|s| !s.is_empty()).cloned(),
+        filter,
         limit,
         cursor,
     })
@@ -80,13 +80,6 @@ pub(crate) async fn handle<S: Store>(
     }
     match (method, &segs[1..]) {
         (&Method::GET, []) => {
-            if store.log_support() != LogSupport::Full {
-                return json_error(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "no_recent_index",
-                    "the recent-deliveries list is not kept on Redis Cluster; show, forget and replay by key work",
-                );
-            }
             let q = match list_query(console.routes(), query) {
                 Ok(q) => q,
                 Err(m) => return json_error(StatusCode::BAD_REQUEST, "bad_request", &m),

@@ -249,6 +249,14 @@ pub(crate) async fn list<S: Store>(
             ""
         }
     };
+    let text = |name: &str| esc(q.get(name).map(String::as_str).unwrap_or(""));
+    let checked = |name: &str| {
+        if q.get(name).map(String::as_str) == Some("true") {
+            " checked"
+        } else {
+            ""
+        }
+    };
     let mut routes = String::from("<option value=\"\">all</option>");
     for r in console.routes() {
         let _ = write!(routes, "<option{}>{}</option>", sel("route", r), esc(r));
@@ -272,16 +280,23 @@ pub(crate) async fn list<S: Store>(
          <label>Route<select name=route>{routes}</select></label>\
          <label>Status<select name=status>{statuses}</select></label>\
          <label>Last outcome<select name=outcome>{outcomes}</select></label>\
-         <button type=submit>Filter</button></form>"
+         <label>Key prefix<input name=key_prefix value=\"{}\"></label>\
+         <label>Upstream status<input name=upstream_status size=4 placeholder=5xx value=\"{}\"></label>\
+         <label>First seen since<input name=since size=14 placeholder=\"Unix ms\" value=\"{}\"></label>\
+         <label>until<input name=until size=14 placeholder=\"Unix ms\" value=\"{}\"></label>\
+         <label><input type=checkbox name=duplicates value=true{}>Copied</label>\
+         <label><input type=checkbox name=kept value=true{}>Replayable</label>\
+         <button type=submit>Filter</button></form>",
+        text("key_prefix"),
+        text("upstream_status"),
+        text("since"),
+        text("until"),
+        checked("duplicates"),
+        checked("kept"),
     );
     let store = op.store;
     match store.log_support() {
-        LogSupport::None => {
-            body.push_str("<p class=warn>This store keeps no delivery log.</p>")
-        }
-        LogSupport::ByKey => body.push_str(
-            "<p class=warn>The recent-deliveries list is not kept on Redis Cluster; open a delivery by its key: <code>/admin/view/&lt;route&gt;/&lt;key&gt;</code>.</p>",
-        ),
+        LogSupport::None => body.push_str("<p class=warn>This store keeps no delivery log.</p>"),
         LogSupport::Full => match list_query(console.routes(), query) {
             Err(m) => {
                 let _ = write!(body, "<p class=warn>{}</p>", esc(&m));
@@ -302,12 +317,18 @@ pub(crate) async fn list<S: Store>(
                         body.push_str(&row(e));
                     }
                     body.push_str("</tbody></table>");
+                    if page.partial {
+                        body.push_str("<p class=note id=partial>This page stopped reading early (a narrow filter over a long list); the next one goes on.</p>");
+                    }
                     if let Some(next) = &page.next {
                         let mut params = form_urlencoded::Serializer::new(String::new());
-                        for k in ["route", "status", "outcome", "limit"] {
+                        for k in ["route", "limit"] {
                             if let Some(v) = q.get(k) {
                                 params.append_pair(k, v);
                             }
+                        }
+                        for (k, v) in lq.filter.pairs() {
+                            params.append_pair(k, &v);
                         }
                         params.append_pair("cursor", &next.encode());
                         let _ = write!(

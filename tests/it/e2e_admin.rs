@@ -128,6 +128,68 @@ async fn list_show_and_forget_tell_an_operator_what_a_resend_would_do() {
             .status,
         400
     );
+    // search: the words, through the API.
+    let keys_of = |v: &serde_json::Value| -> Vec<String> {
+        v["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let first_ok = items[1]["first_seen"].as_u64().unwrap();
+    let first_failed = items[0]["first_seen"].as_u64().unwrap();
+    for (query, want) in [
+        ("upstream_status=5xx", vec![failed.id.clone()]),
+        ("upstream_status=500", vec![failed.id.clone()]),
+        ("upstream_status=2xx", vec![ok.id.clone()]),
+        ("duplicates=true", vec![ok.id.clone()]),
+        (
+            &format!("key_prefix={}", &ok.id[..ok.id.len() - 2]) as &str,
+            vec![ok.id.clone()],
+        ),
+        (&format!("since={first_failed}"), vec![failed.id.clone()]),
+        (&format!("until={first_failed}"), vec![ok.id.clone()]),
+        (
+            &format!("since={first_ok}&until={}", first_failed + 1),
+            vec![failed.id.clone(), ok.id.clone()],
+        ),
+    ] {
+        let r = api(
+            &sc,
+            "GET",
+            &format!("/admin/deliveries?{query}"),
+            Some(TOKEN),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{query}: {}", r.json);
+        assert_eq!(keys_of(&r.json), want, "{query}");
+        assert_eq!(r.json["partial"], false, "{query}");
+    }
+    for (query, name) in [
+        ("since=yesterday", "since"),
+        ("until=-1", "until"),
+        ("upstream_status=5x", "upstream_status"),
+        ("duplicates=yes", "duplicates"),
+        ("kept=1", "kept"),
+        ("outcome=fine", "outcome"),
+        ("since=20&until=10", "until"),
+    ] {
+        let r = api(
+            &sc,
+            "GET",
+            &format!("/admin/deliveries?{query}"),
+            Some(TOKEN),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{query}: {}", r.json);
+        let message = r.json["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("{name}:")),
+            "{query}: {}",
+            r.json
+        );
+    }
 
     // show
     let show = api(&sc, "GET", &delivery_path(ROUTE, &ok.id), Some(TOKEN)).await;

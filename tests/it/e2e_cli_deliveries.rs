@@ -44,6 +44,30 @@ async fn list_show_forget_and_replay_from_the_command_line() {
     let next = cli.json(&["deliveries", "list", "--limit", "1", "--cursor", &cursor]);
     assert_eq!(next["deliveries"][0]["key"], ok.id.as_str());
     assert!(next["next_cursor"].is_null());
+    // The search words, as flags.
+    let keys = |args: &[&str]| -> Vec<String> {
+        let j = cli.json(&[&["deliveries", "list"], args].concat());
+        assert_eq!(j["partial"], false, "{j}");
+        j["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(keys(&["--upstream-status", "5xx"]), [failed.id.as_str()]);
+    assert_eq!(keys(&["--duplicates"]), [ok.id.as_str()]);
+    assert_eq!(keys(&["--key-prefix", &ok.id]), [ok.id.as_str()]);
+    assert_eq!(keys(&["--kept"]).len(), 2, "this route keeps every request");
+    let first = cli.json(&["deliveries", "show", ROUTE, &failed.id])["first_seen"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(keys(&["--until", &first.to_string()]), [ok.id.as_str()]);
+    assert_eq!(keys(&["--since", &first.to_string()]), [failed.id.as_str()]);
+    let bad = cli.run(&["deliveries", "list", "--since", "yesterday"]);
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("--since: `yesterday`"), "{stderr}");
 
     // show
     let text = cli.ok(&["deliveries", "show", ROUTE, &ok.id]);

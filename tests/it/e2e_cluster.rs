@@ -585,11 +585,11 @@ async fn sentinel_demoted_master_is_never_written_to() {
     ));
 }
 
-/// A managed one-shard Redis in cluster mode behind one `redis://` endpoint: a logged
-/// release would name the recent index (another slot) and get `CROSSSLOT`; the store
-/// notices and runs the scripts without it. (Plain claims name one key per command.)
+/// A managed one-shard Redis in cluster mode behind one `redis://` endpoint: claims,
+/// releases and the log (whose batches span slots, so no transaction: the writer
+/// notices `CROSSSLOT` and writes them plain) work, and so does listing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index() {
+async fn redis_url_on_a_one_shard_cluster_server_claims_logs_and_lists() {
     let node = Node::single_shard_cluster();
     let lifetimes = Lifetimes {
         lease: Duration::from_secs(30),
@@ -618,11 +618,31 @@ async fn redis_url_on_a_one_shard_cluster_server_claims_without_the_recent_index
         s.claim(&k, &fp, LOGGED).await,
         Ok(Claim::Claimed(_))
     ));
-    assert_eq!(
-        s.log_support(),
-        idemgate::store::log::LogSupport::ByKey,
-        "listing is off, as on a cluster"
+    // Two deliveries at once: one log batch over two slots.
+    let (a, b) = (
+        DeliveryKey::new("route", "a"),
+        DeliveryKey::new("route", "b"),
     );
+    let (ca, cb) = tokio::join!(s.claim(&a, &fp, LOGGED), s.claim(&b, &fp, LOGGED));
+    assert!(matches!(
+        (ca, cb),
+        (Ok(Claim::Claimed(_)), Ok(Claim::Claimed(_)))
+    ));
+    use idemgate::store::log::{ListQuery, LogSupport};
+    assert_eq!(s.log_support(), LogSupport::Full);
+    let page = s
+        .recent(&ListQuery {
+            routes: vec!["route".into()],
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut listed: Vec<&str> = page.items.iter().map(|(_, e)| e.key.as_str()).collect();
+    listed.sort();
+    assert_eq!(listed, ["a", "b", "first"]);
+    let entry = s.log_entry(&a).await.unwrap().expect("a's log entry");
+    assert_eq!(entry.attempts, 1);
 }
 
 /// The same through the sidecar: deliveries are forwarded once and replayed, and

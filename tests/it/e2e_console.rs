@@ -268,3 +268,150 @@ async fn the_cookie_is_httponly_strict_and_forms_need_the_csrf_token() {
     assert!(!again.replayed(), "forgotten: the next copy is forwarded");
     assert_eq!(upstream.count(), 2);
 }
+
+/// Signs `b` in to `sc`'s console through the login form and waits for the list.
+async fn sign_in(b: &mut Browser, sc: &Sidecar) {
+    b.navigate(&sc.admin_url("/admin/")).await;
+    b.wait_for(
+        "the login form",
+        "document.querySelector('input[name=token]')",
+    )
+    .await;
+    b.eval(&format!(
+        "document.querySelector('input[name=token]').value = '{TOKEN}'; \
+         document.querySelector('button[type=submit]').click(); true"
+    ))
+    .await;
+    b.wait_for("the list", "document.querySelector('form.filters')")
+        .await;
+}
+
+/// The keys the list's table shows.
+async fn listed(b: &mut Browser) -> Vec<String> {
+    let v = b
+        .eval("Array.from(document.querySelectorAll('tbody td:nth-child(2) code')).map(c => c.textContent)")
+        .await;
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Fills the filter form (`name` → value; a checkbox takes `true`), submits it, and
+/// waits for the page it leads to.
+async fn search(b: &mut Browser, fields: &[(&str, &str)]) {
+    let mut js = String::from(
+        "document.querySelectorAll('form.filters input').forEach(i => { if (i.type === 'checkbox') i.checked = false; else i.value = ''; });",
+    );
+    for (name, value) in fields {
+        js.push_str(&format!(
+            "{{ const i = document.querySelector('form.filters [name={name}]'); \
+             if (i.type === 'checkbox') i.checked = ('{value}' === 'true'); else i.value = '{value}'; }}"
+        ));
+    }
+    js.push_str("window.searched = true; document.querySelector('form.filters button[type=submit]').click(); true");
+    let done = b.eval(&js).await;
+    assert_eq!(done, true, "the form could not be filled: {js}");
+    b.wait_for(
+        "the searched page",
+        "!window.searched && document.readyState === 'complete' && document.querySelector('form.filters')",
+    )
+    .await;
+}
+
+/// The filter form: a search by upstream status class, by copies, by first-seen time
+/// and by key prefix shows what it says; its URL carries the search, so opening the
+/// link again (or paging on) shows the same; a bad value says which field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_searches_deliveries_and_shares_the_search_as_a_link() {
+    let chromium = match find_or_install_chromium() {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("SKIPPED e2e_console search: Chromium is not available: {why}");
+            println!("SKIPPED e2e_console search: Chromium is not available: {why}");
+            return;
+        }
+    };
+    let redis = RedisServer::start_new();
+    let upstream = Upstream::start().await;
+    let sc = builder(&upstream, &redis).start().await;
+    // Four deliveries: 0 and 2 copied, 3 refused by the application (500).
+    let mut ds = Vec::new();
+    for i in 0..4 {
+        let d = Delivery::fresh();
+        if i == 3 {
+            upstream.push_modes(vec![Mode::Status(500)]);
+        }
+        sc.send(&d).await;
+        if i % 2 == 0 {
+            assert!(sc.send(&d).await.replayed());
+        }
+        ds.push(d.id);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let list = api(&sc, "GET", "/admin/deliveries", Some(TOKEN)).await;
+    let first_seen = |id: &str| {
+        list.json["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["key"] == id)
+            .and_then(|e| e["first_seen"].as_u64())
+            .unwrap()
+    };
+
+    let mut b = Browser::launch(&chromium).await;
+    sign_in(&mut b, &sc).await;
+    assert_eq!(listed(&mut b).await.len(), 4);
+
+    search(&mut b, &[("upstream_status", "5xx")]).await;
+    assert_eq!(listed(&mut b).await, [ds[3].clone()]);
+    let link = b.location().await;
+    assert!(link.contains("upstream_status=5xx"), "{link}");
+
+    search(&mut b, &[("duplicates", "true")]).await;
+    assert_eq!(listed(&mut b).await, [ds[2].clone(), ds[0].clone()]);
+
+    let since = first_seen(&ds[1]).to_string();
+    let until = first_seen(&ds[3]).to_string();
+    search(&mut b, &[("since", &since), ("until", &until)]).await;
+    assert_eq!(listed(&mut b).await, [ds[2].clone(), ds[1].clone()]);
+
+    search(&mut b, &[("key_prefix", &ds[1])]).await;
+    assert_eq!(listed(&mut b).await, [ds[1].clone()]);
+
+    // The shared link: the same search, its field filled in.
+    b.navigate(&link).await;
+    b.wait_for(
+        "the shared search",
+        "document.querySelector('form.filters')",
+    )
+    .await;
+    assert_eq!(listed(&mut b).await, [ds[3].clone()]);
+    let field = b
+        .eval("document.querySelector('form.filters [name=upstream_status]').value")
+        .await;
+    assert_eq!(field, "5xx");
+
+    // Paging on keeps the search.
+    b.navigate(&sc.admin_url("/admin/?duplicates=true&limit=1"))
+        .await;
+    b.wait_for("the first page", "document.querySelector('form.filters')")
+        .await;
+    assert_eq!(listed(&mut b).await, [ds[2].clone()]);
+    let older = b
+        .eval("Array.from(document.querySelectorAll('a')).find(a => a.textContent.startsWith('Older')).href")
+        .await;
+    let older = older.as_str().unwrap().to_string();
+    assert!(older.contains("duplicates=true"), "{older}");
+    b.navigate(&older).await;
+    b.wait_for("the next page", "document.querySelector('form.filters')")
+        .await;
+    assert_eq!(listed(&mut b).await, [ds[0].clone()]);
+
+    // A bad value: the page says which field.
+    search(&mut b, &[("since", "yesterday")]).await;
+    let warn = b.eval("document.querySelector('p.warn').innerText").await;
+    assert!(warn.as_str().unwrap().starts_with("since:"), "{warn}");
+}

@@ -200,6 +200,24 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
         let (s, v) = call(&a, "POST", "/admin/jobs", Some(bad.clone())).await;
         assert_eq!(s, 400, "{bad} → {v}");
     }
+    // The list's search words, parsed as the list parses them: a bad value names its
+    // word; good ones select (here nothing).
+    for (filter, word) in [
+        (json!({"upstream_status": "6xx"}), "upstream_status"),
+        (json!({"kept": "yes"}), "kept"),
+        (json!({"since": 5, "until": 1}), "until"),
+    ] {
+        let job = json!({"kind": "replay", "route": ROUTE, "filter": filter});
+        let (s, v) = call(&a, "POST", "/admin/jobs", Some(job)).await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v.to_string().contains(&format!("filter.{word}:")), "{v}");
+    }
+    let words = json!({"upstream_status": "4xx", "kept": true, "duplicates": "true",
+        "key_prefix": "none_", "since": 1, "until": 2});
+    let job = json!({"kind": "replay", "route": ROUTE, "filter": words});
+    let (s, v) = call(&a, "POST", "/admin/jobs", Some(job)).await;
+    assert_eq!(s, 202, "{v}");
+    assert_eq!(v["total"], 0, "{v}");
     let (s, _) = call(&a, "GET", "/admin/jobs/0123", None).await;
     assert_eq!(s, 404);
     assert_eq!(api(&a, "GET", "/admin/jobs", None).await.status, 401);
@@ -279,7 +297,8 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
         );
     }
     let (_, list) = call(&b, "GET", "/admin/jobs", None).await;
-    assert_eq!(list["jobs"].as_array().unwrap().len(), 2, "{list}");
+    // The redrive, the replay, and the search job that selected nothing.
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 3, "{list}");
     // Reading jobs is an admin action like any other: audited (the log is written in
     // batches, so wait for it).
     wait_until(5 * SEC, "job reads audited", || {
@@ -292,7 +311,7 @@ async fn pause_resume_redrive_and_replay_through_the_api_and_the_cli() {
             .as_array()
             .unwrap()
             .len(),
-        2
+        3
     );
     // Starting a finished job again is refused.
     let (s, _) = call(&a, "POST", "/admin/jobs", Some(json!({"id": id}))).await;

@@ -1,8 +1,9 @@
 //! The delivery log's store semantics, written once and run against the
-//! Redis store on a private redis-server and the in-memory store: what claim, complete
+//! Redis store on a private redis-server, on a private three-master Redis Cluster, and
+//! the in-memory store: what claim, complete
 //! and release record, the operator's forced claim (and every way its claim can end),
 //! forget, the recent list, and the queue's transitions as claims see them. Every case
-//! is listed once in `both!` at the bottom, so the two stores cannot drift.
+//! is listed once in `both!` at the bottom, so the stores cannot drift.
 
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use idemgate::queue::QueueBackend;
 use idemgate::store::MemoryQueue;
 use idemgate::store::RedisQueue;
 use idemgate::store::log::{
-    ClaimLog, DeliveryLog, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport, Settled,
+    ClaimLog, DeliveryLog, Filter, Forgot, KeptRequest, ListQuery, LogOutcome, LogSupport,
+    SCAN_BUDGET, Settled,
 };
 use idemgate::store::{
     Claim, DeliveryKey, Lifetimes, MemoryStore, RedisStore, Status, Store, StoredResponse, Token,
@@ -228,7 +230,10 @@ async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
     let released = s
         .recent(&ListQuery {
             routes: vec!["listed".into()],
-            status: Some(Status::Released),
+            filter: Filter {
+                status: Some(Status::Released),
+                ..Default::default()
+            },
             limit: 10,
             ..Default::default()
         })
@@ -239,7 +244,10 @@ async fn the_recent_list_pages_newest_first_and_filters<S: Store>(s: S) {
     let fwd = s
         .recent(&ListQuery {
             routes: vec!["listed".into()],
-            outcome: Some("forwarded".into()),
+            filter: Filter {
+                outcome: Some(LogOutcome::Forwarded),
+                ..Default::default()
+            },
             limit: 10,
             ..Default::default()
         })
@@ -299,6 +307,9 @@ async fn a_reclaimed_delivery_stays_listed_while_it_lives<S: Store>(s: S) {
     let page = s.recent(&q).await.unwrap();
     let listed: Vec<&str> = page.items.iter().map(|(_, e)| e.key.as_str()).collect();
     assert_eq!(listed, ["evt_a"]);
+    // Listed where its second life began, not where its first did.
+    let (score, e) = &page.items[0];
+    assert_eq!(*score, e.first_seen, "{e:?}");
 }
 
 const RETAIN_4S: Lifetimes = Lifetimes {
@@ -306,9 +317,9 @@ const RETAIN_4S: Lifetimes = Lifetimes {
     retention: Duration::from_secs(4),
 };
 
-/// Stale index members on top of the list (a copy moved their score to "now", their
-/// records expired since) are skipped without skipping live ones: one listing as long
-/// as a job's page (500) and a walk of 50-item pages each return every live delivery.
+/// Stale index members (records expired since; copies in between did not move them)
+/// are skipped without skipping live ones: one listing as long as a job's page (500)
+/// and a walk of 50-item pages each return every live delivery.
 /// `s` keeps deliveries for 4 s.
 async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
     const LIVE: usize = 250;
@@ -338,7 +349,7 @@ async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
         deliver(k.clone()).await; // lives until 5 s or later
         live.push(k.key);
     }
-    // Copies of the old deliveries put them on top of the list, not their lifetimes.
+    // Copies of the old deliveries lengthen neither their lifetimes nor move them.
     for k in &old {
         assert!(
             matches!(
@@ -381,6 +392,273 @@ async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
         "the live deliveries may have expired: too slow a machine for this test"
     );
 }
+
+/// A walk of the list, page by page, while new deliveries keep arriving (from another
+/// task), copies of listed and not yet listed ones are answered, and older ones expire
+/// (`s` keeps deliveries for 5 s): every delivery that lived when the walk began and
+/// still lives is listed exactly once, newest first, and none twice.
+async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire<
+    S: Store + Clone,
+>(
+    s: S,
+) {
+    let start = tokio::time::Instant::now();
+    let deliver = |s: S, k: DeliveryKey| async move {
+        let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
+        let done = settled("forwarded", Some(200), false);
+        assert!(
+            s.complete(&k, t, &response(b"ok"), Some(&done))
+                .await
+                .unwrap()
+        );
+    };
+    // Concurrent batches (so one log write batch spans many slots on a cluster).
+    let batch = |prefix: &'static str, n: usize| {
+        let s = s.clone();
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..n {
+                set.spawn(deliver(
+                    s.clone(),
+                    DeliveryKey::new("walk", format!("{prefix}_{i:03}")),
+                ));
+            }
+            while let Some(r) = set.join_next().await {
+                r.unwrap();
+            }
+        }
+    };
+    batch("old", 40).await; // expire at about 5 s, during the walk
+    tokio::time::sleep_until(start + Duration::from_millis(3000)).await;
+    batch("live", 120).await; // live until 8 s at least
+    let live: Vec<String> = (0..120).map(|i| format!("live_{i:03}")).collect();
+    // Arrivals during the walk: at most 300, until 7 s.
+    let arriving = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            for i in 0..300 {
+                if start.elapsed() > Duration::from_secs(7) {
+                    break;
+                }
+                deliver(s.clone(), DeliveryKey::new("walk", format!("new_{i:03}"))).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep_until(start + Duration::from_millis(3500)).await;
+    let mut q = ListQuery {
+        routes: vec!["walk".into()],
+        limit: 6,
+        ..Default::default()
+    };
+    let mut seen: Vec<(u64, String)> = Vec::new();
+    let mut page_no = 0usize;
+    loop {
+        let page = s.recent(&q).await.unwrap();
+        seen.extend(page.items.iter().map(|(sc, e)| (*sc, e.key.clone())));
+        // Copies of a delivery further down and of one already listed.
+        for k in [
+            &live[(page_no * 7) % live.len()],
+            &live[(page_no * 13 + 5) % live.len()],
+        ] {
+            let c = s
+                .claim(&DeliveryKey::new("walk", k.as_str()), &fp("x"), LOGGED)
+                .await;
+            assert!(matches!(c, Ok(Claim::Completed(_))), "{c:?}");
+        }
+        page_no += 1;
+        match page.next {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let walked = start.elapsed();
+    arriving.await.unwrap();
+    assert!(
+        walked > Duration::from_millis(5000) && walked < Duration::from_millis(7800),
+        "the walk ended at {walked:?}, not between the old ones' expiry and the live ones': too fast or slow a machine for this test"
+    );
+    let keys: Vec<&str> = seen.iter().map(|(_, k)| k.as_str()).collect();
+    let mut unique = keys.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), keys.len(), "listed twice: {keys:?}");
+    for k in &live {
+        assert!(keys.contains(&k.as_str()), "{k} was skipped: {keys:?}");
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0].0 >= w[1].0),
+        "not newest first: {seen:?}"
+    );
+    assert!(page_no > 10, "the walk took {page_no} pages");
+}
+
+/// Every filter word keeps what it says, on the store's own list (the words' parsing
+/// is unit-tested in `store::log_filter`).
+async fn filters_find_what_the_words_say<S: Store>(s: S) {
+    let k = |name: &str| DeliveryKey::new("found", name);
+    // a: forwarded 200, a copy answered; b: failed 503, request kept; c: failed 502.
+    let t = claimed(s.claim(&k("a_1"), &fp("a"), LOGGED).await.unwrap());
+    s.complete(
+        &k("a_1"),
+        t,
+        &response(b"ok"),
+        Some(&settled("forwarded", Some(200), false)),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        s.claim(&k("a_1"), &fp("a"), LOGGED).await.unwrap(),
+        Claim::Completed(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let kept_log = ClaimLog {
+        kept: Some(&kept()),
+        replay: false,
+    };
+    let t = claimed(s.claim(&k("b_1"), &fp("b"), Some(kept_log)).await.unwrap());
+    s.release(
+        &k("b_1"),
+        t,
+        Some(&settled("upstream_error", Some(503), false)),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let t = claimed(s.claim(&k("b_2"), &fp("c"), LOGGED).await.unwrap());
+    s.release(
+        &k("b_2"),
+        t,
+        Some(&settled("upstream_error", Some(502), false)),
+    )
+    .await
+    .unwrap();
+    let all = s
+        .recent(&ListQuery {
+            routes: vec!["found".into()],
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen: Vec<u64> = all.items.iter().map(|(_, e)| e.first_seen).collect();
+    assert_eq!(seen.len(), 3);
+    let (t_a, t_b1) = (seen[2], seen[1]);
+    let listed = |words: &[(&str, String)]| {
+        let mut filter = Filter::default();
+        for (w, v) in words {
+            assert!(filter.set(w, v).unwrap());
+        }
+        let q = ListQuery {
+            routes: vec!["found".into()],
+            filter,
+            limit: 10,
+            ..Default::default()
+        };
+        let s = &s;
+        async move {
+            let page = s.recent(&q).await.unwrap();
+            assert!(!page.partial);
+            page.items
+                .iter()
+                .map(|(_, e)| e.key.clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    let w = |k: &str, v: &str| (k.to_string(), v.to_string());
+    for (words, want) in [
+        (vec![w("key_prefix", "b_")], vec!["b_2", "b_1"]),
+        (vec![w("upstream_status", "5xx")], vec!["b_2", "b_1"]),
+        (vec![w("upstream_status", "503")], vec!["b_1"]),
+        (vec![w("upstream_status", "2xx")], vec!["a_1"]),
+        (vec![w("duplicates", "true")], vec!["a_1"]),
+        (vec![w("kept", "true")], vec!["b_1"]),
+        (vec![w("since", &t_b1.to_string())], vec!["b_2", "b_1"]),
+        (vec![w("until", &t_b1.to_string())], vec!["a_1"]),
+        (
+            vec![
+                w("since", &t_a.to_string()),
+                w("until", &(t_b1 + 1).to_string()),
+            ],
+            vec!["b_1", "a_1"],
+        ),
+        (
+            vec![w("outcome", "upstream_error"), w("key_prefix", "b_1")],
+            vec!["b_1"],
+        ),
+    ] {
+        let words: Vec<(&str, String)> =
+            words.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        assert_eq!(listed(&words).await, want, "{words:?}");
+    }
+}
+
+/// A filter that matches little over an index longer than a listing's reading budget:
+/// each page reads at most [`SCAN_BUDGET`] entries and says `partial` with a cursor,
+/// and walking the cursor finds every match once.
+async fn a_narrow_filter_over_a_long_index_answers_partial_pages<S: Store + Clone>(s: S) {
+    let deliver = |s: S, key: String| async move {
+        let k = DeliveryKey::new("long", key);
+        let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
+        s.complete(
+            &k,
+            t,
+            &response(b"ok"),
+            Some(&settled("forwarded", Some(200), false)),
+        )
+        .await
+        .unwrap();
+    };
+    for i in 0..3 {
+        deliver(s.clone(), format!("needle_{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let total = SCAN_BUDGET + SCAN_BUDGET / 2;
+    let mut set = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let s = s.clone();
+        set.spawn(async move {
+            for i in (w..total).step_by(8) {
+                deliver(s.clone(), format!("hay_{i:05}")).await;
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    let mut filter = Filter::default();
+    filter.set("key_prefix", "needle_").unwrap();
+    let mut q = ListQuery {
+        routes: vec!["long".into()],
+        filter,
+        limit: 10,
+        ..Default::default()
+    };
+    let first = s.recent(&q).await.unwrap();
+    assert!(first.partial, "the first page read the whole index");
+    assert!(first.items.is_empty(), "{:?}", first.items);
+    assert!(first.next.is_some());
+    let mut found = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = s.recent(&q).await.unwrap();
+        found.extend(page.items.iter().map(|(_, e)| e.key.clone()));
+        pages += 1;
+        assert!(pages < 10, "the walk does not end");
+        match page.next {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(found, ["needle_2", "needle_1", "needle_0"]);
+    assert!(pages >= 2, "{pages} pages");
+}
+
+const RETAIN_5S: Lifetimes = Lifetimes {
+    lease: Duration::from_secs(30),
+    retention: Duration::from_secs(5),
+};
 
 const SHORT: Lifetimes = Lifetimes {
     lease: Duration::from_secs(30),
@@ -620,6 +898,19 @@ macro_rules! both {
                 }
             )*
         }
+        /// The same cases on a Redis Cluster: the recent index lives in its route's
+        /// slot, the deliveries in theirs.
+        mod cluster {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let cluster = crate::common::cluster::RedisCluster::start(3, 0);
+                    let s = RedisStore::new(&cluster.url(), "log", $lifetimes, Duration::from_secs(1)).unwrap();
+                    super::$case(s).await;
+                }
+            )*
+        }
     };
 }
 
@@ -708,6 +999,9 @@ both!(
     the_recent_list_pages_newest_first_and_filters => LIFETIMES,
     a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
     stale_members_on_top_hide_no_live_delivery => RETAIN_4S,
+    a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire => RETAIN_5S,
+    filters_find_what_the_words_say => LIFETIMES,
+    a_narrow_filter_over_a_long_index_answers_partial_pages => LIFETIMES,
     a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,
     any_release_of_a_replay_keeps_the_old_answer => LIFETIMES,
     a_forced_claim_of_a_gone_or_changed_key_is_a_mismatch => LIFETIMES;

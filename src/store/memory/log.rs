@@ -1,14 +1,17 @@
 //! The delivery log in memory: the same fields as on Redis, kept on each
 //! entry, so the admin API, the console and their tests work on `store.url = "memory"`
-//! (one replica's deliveries only). Listing scans the map: fine for the single,
-//! local process this store is for.
+//! (one replica's deliveries only). Listing reads each route's recent index
+//! (recent.rs), a bounded number of items per page.
 
 use super::table::Admit;
 use super::{Entry, MemoryStore, later};
 use std::time::Duration;
 
+use super::recent::Reading;
 use crate::providers::Fingerprint;
-use crate::store::log::{Forgot, KeptRequest, ListQuery, LogEntry, LogOutcome, Page, Settled};
+use crate::store::log::{
+    Cursor, Forgot, KeptRequest, ListQuery, LogEntry, LogOutcome, Page, SCAN_BUDGET, Settled,
+};
 use crate::store::{Claim, DeliveryKey, Lifetimes, Status, StoreError, Token, unix_millis};
 
 /// What the log adds to an entry.
@@ -114,25 +117,31 @@ impl MemoryStore {
     }
 
     pub(super) fn read_recent(&self, q: &ListQuery) -> Result<Page, StoreError> {
-        let now = unix_millis();
-        let mut all = Vec::new();
-        self.inner.scan(
-            |route| q.routes.iter().any(|r| **r == *route),
-            |k, e| {
-                if !e.live(now) {
-                    return;
-                }
-                let (score, entry) = (e.last_seen, entry_of(&k, &e, now, false));
-                if q.matches(&entry)
-                    && q.cursor.as_ref().is_none_or(|c| {
-                        (score, entry.route.as_str(), entry.key.as_str()) < c.order()
-                    })
-                {
-                    all.push((score, entry));
-                }
-            },
-        )?;
-        Ok(Page::from_candidates(all, q.limit.max(1)))
+        let limit = q.limit.max(1);
+        let budget = (SCAN_BUDGET / q.routes.len().max(1)).max(1);
+        let (mut all, mut stopped) = (Vec::new(), None::<Cursor>);
+        for route in &q.routes {
+            let reading = Reading {
+                route,
+                cursor: q.cursor.as_ref(),
+                since: q.filter.since,
+                until: q.filter.until,
+                budget,
+                want: limit + 1,
+            };
+            let found = self.read_route(
+                &reading,
+                |k, e, now| entry_of(k, e, now, false),
+                |e| q.matches(e),
+            )?;
+            all.extend(found.items);
+            if let Some(low) = found.stopped
+                && stopped.as_ref().is_none_or(|s| low.order() > s.order())
+            {
+                stopped = Some(low);
+            }
+        }
+        Ok(Page::from_candidates(all, limit, stopped))
     }
 
     pub(super) async fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {

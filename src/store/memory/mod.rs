@@ -5,7 +5,7 @@
 //! Entries live in a sharded table (`table`), each as one compact record (`codec`),
 //! bounded by `max_memory`: the oldest settled deliveries are forgotten first.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::log::{ClaimLog, Settled};
@@ -28,6 +28,8 @@ mod log;
 /// The route's pacing state in process (`store::pacing`).
 mod pacing;
 mod queue;
+/// Each route's recent deliveries, for listing (`store::log`).
+mod recent;
 /// The sharded, bounded map of entries.
 mod table;
 pub use queue::MemoryQueue;
@@ -135,6 +137,8 @@ pub struct MemoryOptions {
     pub max_memory: u64,
     /// Hears every change of an entry (the `file:` store); `None`: nothing survives.
     pub(crate) journal: Option<Arc<dyn Journal>>,
+    /// How many deliveries each route's recent index (the list) holds.
+    pub recent_per_route: usize,
 }
 
 impl MemoryOptions {
@@ -144,6 +148,15 @@ impl MemoryOptions {
             lifetimes: lifetimes.into(),
             max_memory: crate::config::DEFAULT_MAX_MEMORY,
             journal: None,
+            recent_per_route: crate::store::log::RECENT_PER_ROUTE,
+        }
+    }
+
+    /// The same options with another size of each route's recent index.
+    pub fn recent_per_route(self, recent_per_route: usize) -> Self {
+        MemoryOptions {
+            recent_per_route,
+            ..self
         }
     }
 
@@ -158,6 +171,8 @@ impl MemoryOptions {
 pub struct MemoryStore {
     inner: Arc<Table>,
     lifetimes: RouteLifetimes,
+    /// Each route's deliveries by first seen, for listing (recent.rs).
+    recent: Arc<Mutex<recent::Recent>>,
 }
 
 impl MemoryStore {
@@ -196,9 +211,12 @@ impl MemoryStore {
                 }
             });
         }
+        let mut recent = recent::Recent::default();
+        recent.set_cap(options.recent_per_route);
         MemoryStore {
             inner,
             lifetimes: options.lifetimes,
+            recent: Arc::new(Mutex::new(recent)),
         }
     }
 
@@ -237,7 +255,30 @@ impl MemoryStore {
         }
         self.inner
             .restore(&key, &entry, now)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.index_created(&key, entry.first_seen);
+        Ok(())
+    }
+
+    /// `Table::update`, and a delivery whose entry `f` created goes into its route's
+    /// recent index (after the shard's lock is released).
+    fn update_indexed<T>(
+        &self,
+        key: &DeliveryKey,
+        now: u64,
+        admit: Admit,
+        f: impl FnOnce(&mut Option<Entry>, u64) -> T,
+    ) -> Result<Updated<T>, StoreError> {
+        let Updated { value, ticket } = self.inner.update(key, now, admit, |e| {
+            let existed = e.is_some();
+            let value = f(e, now);
+            (value, e.as_ref().filter(|_| !existed).map(|e| e.first_seen))
+        })?;
+        let (value, created) = value;
+        if let Some(first_seen) = created {
+            self.index_created(key, first_seen);
+        }
+        Ok(Updated { value, ticket })
     }
 
     /// Changes `key`'s entry (see `Table::update`) and waits until the journal, if
@@ -249,7 +290,8 @@ impl MemoryStore {
         f: impl FnOnce(&mut Option<Entry>, u64) -> T,
     ) -> Result<T, StoreError> {
         let now = unix_millis();
-        let Updated { value, ticket } = self.inner.update(key, now, admit, |e| f(e, now))?;
+        let value = self.update_indexed(key, now, admit, f)?;
+        let Updated { value, ticket } = value;
         self.durable(ticket).await?;
         Ok(value)
     }
@@ -375,7 +417,7 @@ impl Store for MemoryStore {
                 let kept = log.and_then(|l| l.kept);
                 let now = unix_millis();
                 let Updated { value, ticket } =
-                    self.inner.update(key, now, Admit::NewDelivery, |e| {
+                    self.update_indexed(key, now, Admit::NewDelivery, |e, now| {
                         self.claim_in(key, e, now, fp, kept)
                     })?;
                 // A claim that hands the key to this caller promises the provider

@@ -176,30 +176,6 @@ impl Table {
         Ok(f(entry))
     }
 
-    /// Calls `f` with every entry of every shard (one shard locked at a time) whose
-    /// route passes `route`.
-    pub(super) fn scan(
-        &self,
-        route: impl Fn(&str) -> bool,
-        mut f: impl FnMut(DeliveryKey, super::Entry),
-    ) -> Result<(), StoreError> {
-        for shard in self.shards.iter() {
-            let shard = shard
-                .lock()
-                .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))?;
-            for r in shard.records.iter() {
-                let (rt, k, e) = codec::split_record(r).map_err(corrupt)?;
-                let rt = std::str::from_utf8(rt).map_err(|e| corrupt(e.to_string()))?;
-                if !route(rt) {
-                    continue;
-                }
-                let k = std::str::from_utf8(k).map_err(|e| corrupt(e.to_string()))?;
-                f(DeliveryKey::new(rt, k), codec::decode(e).map_err(corrupt)?);
-            }
-        }
-        Ok(())
-    }
-
     /// Changes `key`'s entry under its shard's lock: `f` sees the entry if it is
     /// live (an expired one as `None`) and leaves it as it should be (`None`:
     /// forgotten). A real change is written back as a new exact-size record, gets a

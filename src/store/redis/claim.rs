@@ -144,7 +144,7 @@ impl RedisStore {
         log: Option<ClaimLog<'_>>,
         kind: WriteKind,
     ) {
-        let index = log.and_then(|_| self.index_key(&key.route));
+        let index = log.map(|_| self.index_key(&key.route));
         let ttls = WriteTtls::of(self.lifetimes.of(&key.route));
         let (key, now) = (key.key.clone(), unix_millis());
         let write = LogWrite {
@@ -237,16 +237,14 @@ impl RedisStore {
         log: ClaimLog<'_>,
     ) -> Result<Claim, StoreError> {
         let keys = self.keys(key);
-        let index = self.index_key(&key.route);
         let token = Token::random();
         let mut call = Call::new(&self.scripts.replay, &[&keys.record, &keys.lock, &keys.log])
-            .key(index.as_deref())
             .arg(token.to_hex())
             .arg(ms(self.lifetimes.of(&key.route).lease))
             .arg(hex::encode(fp))
             .arg(unix_millis())
             .arg(ms(self.lifetimes.of(&key.route).retention));
-        call = self.claim_log_args(call, key, log);
+        call = self.claim_log_args(call, log);
         let (reply, acked) = self.eval(&call, true).await?;
         if let Value::Array(items) = &reply
             && items.first().and_then(bytes_of) == Some(b"claimed")

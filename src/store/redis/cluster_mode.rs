@@ -1,9 +1,8 @@
 //! A `redis://` URL that names a server running in cluster mode (a one-shard managed
-//! Redis behind one endpoint). Such a server refuses a script whose keys span two
-//! slots (`CROSSSLOT`), and the delivery log's recent index has a slot of its own; so
-//! once the server is seen in cluster mode (by `/readyz`, or by the first `CROSSSLOT`),
-//! the store treats it like a Redis Cluster: the scripts run without the recent index
-//! and listing answers "not available". A server whose cluster has more than one shard
+//! Redis behind one endpoint). Such a server refuses a transaction whose keys span two
+//! slots (`CROSSSLOT`), so once it is seen in cluster mode (by `/readyz`, or by the log
+//! writer's first `CROSSSLOT`), the delivery log is written without transactions, as on
+//! a Redis Cluster (log_writer.rs). A server whose cluster has more than one shard
 //! cannot work behind `redis://` (keys of the other shards answer `MOVED`), so it is
 //! reported not ready with a message naming `redis+cluster://`.
 
@@ -14,17 +13,12 @@ use super::{RedisStore, bytes_of};
 use crate::store::StoreError;
 
 impl RedisStore {
-    /// Whether the store treats its one server as a cluster (see the module docs).
-    pub(super) fn in_cluster_mode(&self) -> bool {
-        self.cluster_mode.load(Ordering::Relaxed)
-    }
-
     /// Records that the one server runs in cluster mode (logged once).
     pub(super) fn note_cluster_mode(&self, how: &str) {
         if !self.cluster_mode.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 detected_by = how,
-                "store.url names a Redis server in cluster mode: treated like a Redis Cluster (the recent-deliveries list is not kept; show, forget and replay by key work)"
+                "store.url names a Redis server in cluster mode: the delivery log is written without transactions, as on a Redis Cluster"
             );
         }
     }

@@ -118,6 +118,66 @@ impl Connection {
     }
 }
 
+/// Runs `groups`, each a pipeline of commands on one slot (no command ignored), in one
+/// round trip where the deployment allows: one pipeline on a single server, one per
+/// group at once on a Redis Cluster (the cluster client refuses a pipeline whose keys
+/// span slots). The replies come back per group, in order; a group that failed on a
+/// cluster is its error, the others stand.
+pub async fn query_groups(
+    conn: &Connection,
+    groups: Vec<Pipeline>,
+) -> Vec<RedisResult<Vec<Value>>> {
+    match conn {
+        Connection::Cluster(_) => {
+            let mut set = tokio::task::JoinSet::new();
+            for (i, pipe) in groups.into_iter().enumerate() {
+                let mut c = conn.clone();
+                set.spawn(async move { (i, pipe.query_async::<Vec<Value>>(&mut c).await) });
+            }
+            let mut out: Vec<Option<RedisResult<Vec<Value>>>> = Vec::new();
+            out.resize_with(set.len(), || None);
+            while let Some(done) = set.join_next().await {
+                if let Ok((i, r)) = done {
+                    out[i] = Some(r);
+                }
+            }
+            out.into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| {
+                        Err((redis::ErrorKind::Io, "a pipeline's task ended early").into())
+                    })
+                })
+                .collect()
+        }
+        _ => {
+            let mut all = redis::pipe();
+            let lens: Vec<usize> = groups.iter().map(Pipeline::len).collect();
+            for g in &groups {
+                for c in g.cmd_iter() {
+                    all.add_command(c.clone());
+                }
+            }
+            let mut c = conn.clone();
+            match all.query_async::<Vec<Value>>(&mut c).await {
+                Ok(replies) => {
+                    let mut it = replies.into_iter();
+                    lens.iter()
+                        .map(|n| Ok(it.by_ref().take(*n).collect()))
+                        .collect()
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    lens.iter()
+                        .map(
+                            |_| Err((redis::ErrorKind::Io, "pipeline failed", text.clone()).into()),
+                        )
+                        .collect()
+                }
+            }
+        }
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

@@ -9,24 +9,21 @@
 //! ARGV, so no extra round trip). A delivery's status is read off its record, never
 //! off the hash.
 //!
-//! The recent index is a sorted set per route, `{prefix}:recent:{<route>}`, scored by
-//! the last claim or copy (Unix ms; the complete script leaves it alone), trimmed to
-//! [`RECENT_PER_ROUTE`] and living `retention + lease`. Its hash tag differs from the
-//! delivery's, so on a standalone server or a Sentinel-managed master the scripts take
-//! it as `KEYS[4]`; on a Redis Cluster it would be a second slot, which a script may
-//! not touch, and the index is not written at all: listing
-//! answers "not available on Redis Cluster", while show, forget and replay (by key)
-//! work everywhere. (A pipelined `ZADD` would be one round trip on one node, but the
-//! cluster client splits a pipeline per node, and on one node it would show as a
-//! second command to the round-trip count.)
+//! The recent index is a sorted set per route, `{prefix}:recent:{<route>}` (its own
+//! hash tag, so one slot per route on a Redis Cluster), scored by when the delivery
+//! was first seen (Unix ms) and written by the log writer only (log_writer.rs): a
+//! copy, a release, a completion or a replay leaves a delivery where it is, so a
+//! listing's cursor neither skips nor repeats it. Trimmed to [`RECENT_PER_ROUTE`]
+//! (the oldest go) and living `retention + lease` after the newest claim. It is kept
+//! the same on a standalone server, under Sentinel and on a Redis Cluster.
 
 use redis::Value;
 
-use super::connection::Connection;
-use super::log_writer::WriteTtls;
+use super::connection::query_groups;
 use super::{Call, Keys, RedisStore, ScriptDef, bytes_of, int_of};
 use crate::store::log::{
-    ClaimLog, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, RECENT_PER_ROUTE, Settled,
+    ClaimLog, Cursor, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, SCAN_BUDGET,
+    Settled,
 };
 use crate::store::{DeliveryKey, Status, StoreError};
 
@@ -124,36 +121,16 @@ fn read_entry(pipe: &mut redis::Pipeline, keys: &Keys) {
 
 impl RedisStore {
     pub(super) fn log_support_of(&self) -> LogSupport {
-        if self.is_cluster() {
-            LogSupport::ByKey
-        } else {
-            LogSupport::Full
-        }
+        LogSupport::Full
     }
 
-    fn is_cluster(&self) -> bool {
-        matches!(self.conn, Connection::Cluster(_)) || self.in_cluster_mode()
-    }
-
-    /// The route's recent index, or None on a Redis Cluster (see the module docs): the
-    /// optional last key of a logged claim or release.
-    pub(super) fn index_key(&self, route: &str) -> Option<String> {
-        (!self.is_cluster()).then(|| self.index_key_always(route))
-    }
-
-    fn index_key_always(&self, route: &str) -> String {
+    /// The route's recent index (see the module docs).
+    pub(super) fn index_key(&self, route: &str) -> String {
         format!("{}:recent:{{{route}}}", self.prefix)
     }
 
-    /// A replay's arguments after the claim's own (see replay.lua): the index's trim,
-    /// the delivery's key, and the kept request.
-    pub(super) fn claim_log_args<'a>(
-        &self,
-        call: Call<'a>,
-        key: &DeliveryKey,
-        log: ClaimLog<'_>,
-    ) -> Call<'a> {
-        let mut call = call.arg(RECENT_PER_ROUTE).arg(key.key.as_str());
+    /// A replay's arguments after the claim's own (see replay.lua): the kept request.
+    pub(super) fn claim_log_args<'a>(&self, mut call: Call<'a>, log: ClaimLog<'_>) -> Call<'a> {
         if let Some(k) = log.kept {
             call = call
                 .arg(k.method.as_str())
@@ -175,23 +152,6 @@ impl RedisStore {
                     .unwrap_or_default(),
             )
             .arg(settled.latency_ms)
-    }
-
-    /// A logged release's arguments after the release's own (see release.lua): how the
-    /// upstream call went, and the index's upkeep. (Whether the key goes back to
-    /// `completed` is the record's to say: a replay of a completed key holds the lock
-    /// over an `r` record, so `Settled::restore_completed` needs no argument here.)
-    pub(super) fn release_log_args<'a>(
-        &self,
-        call: Call<'a>,
-        key: &DeliveryKey,
-        settled: &Settled,
-    ) -> Call<'a> {
-        self.complete_log_args(call, settled)
-            .arg(key.key.as_str())
-            .arg(RECENT_PER_ROUTE)
-            // The index's lifetime, as a claim sets it (log_writer.rs).
-            .arg(WriteTtls::of(self.lifetimes.of(&key.route)).index)
     }
 
     pub(super) async fn read_log_entry(
@@ -227,26 +187,30 @@ impl RedisStore {
     }
 
     pub(super) async fn read_recent(&self, q: &ListQuery) -> Result<Page, StoreError> {
-        if self.is_cluster() {
-            return Err(StoreError::Unavailable(
-                "the recent-deliveries list is not kept on Redis Cluster (see docs/operating.md); show, forget and replay by key work".into(),
-            ));
-        }
         self.flush_log().await;
         let limit = q.limit.max(1);
+        let budget = (SCAN_BUDGET / q.routes.len().max(1)).max(BATCH);
+        // The index is scored by first seen: `since` and `until` bound the range read.
+        let top = match (q.cursor.as_ref(), q.filter.until) {
+            (Some(c), Some(u)) => Some(c.score.min(u.saturating_sub(1))),
+            (Some(c), None) => Some(c.score),
+            (None, u) => u.map(|u| u.saturating_sub(1)),
+        };
+        let bottom = q
+            .filter
+            .since
+            .map_or_else(|| "-inf".to_string(), |s| s.to_string());
         let mut all = Vec::new();
+        let mut stopped: Option<Cursor> = None;
         for route in &q.routes {
-            let index = self.index_key_always(route);
+            let index = self.index_key(route);
             // Paged by score, not by a running offset: stale members removed on the
             // way would shift every later member up past an offset. Each batch starts
             // at the last score read, past the members at that score still indexed.
-            let mut max = q
-                .cursor
-                .as_ref()
-                .map(|c| c.score.to_string())
-                .unwrap_or_else(|| "+inf".into());
+            let mut max = top.map_or_else(|| "+inf".to_string(), |t| t.to_string());
             let mut offset = 0usize;
             let mut found = 0usize;
+            let mut read = 0usize;
             loop {
                 let mut conn = self.conn.clone();
                 let members: Vec<(String, u64)> = self
@@ -254,7 +218,7 @@ impl RedisStore {
                         redis::cmd("ZREVRANGEBYSCORE")
                             .arg(&index)
                             .arg(&max)
-                            .arg("-inf")
+                            .arg(&bottom)
                             .arg("WITHSCORES")
                             .arg("LIMIT")
                             .arg(offset)
@@ -263,7 +227,13 @@ impl RedisStore {
                     )
                     .await?;
                 let n = members.len();
+                read += n;
                 let last = members.last().map(|(_, score)| *score);
+                let lowest = members.last().map(|(k, score)| Cursor {
+                    score: *score,
+                    route: route.clone(),
+                    key: k.clone(),
+                });
                 let mut removed = std::collections::HashSet::new();
                 let candidates: Vec<(String, u64)> = members
                     .iter()
@@ -275,25 +245,15 @@ impl RedisStore {
                     .cloned()
                     .collect();
                 if !candidates.is_empty() {
-                    let mut pipe = redis::pipe();
-                    for (k, _) in &candidates {
-                        read_entry(
-                            &mut pipe,
-                            &self.keys(&DeliveryKey::new(route.as_str(), k.as_str())),
-                        );
-                    }
-                    let replies: Vec<Value> = self.bounded(pipe.query_async(&mut conn)).await?;
+                    let replies = self.read_entries(route, &candidates).await?;
                     let mut stale = Vec::new();
-                    for (i, (k, score)) in candidates.iter().enumerate() {
+                    for ((k, score), replies) in candidates.iter().zip(&replies) {
                         let fields: Fields = replies
-                            .get(3 * i)
+                            .first()
                             .and_then(|v| redis::from_redis_value(v.clone()).ok())
                             .unwrap_or_default();
-                        let head = replies
-                            .get(3 * i + 1)
-                            .and_then(bytes_of)
-                            .unwrap_or_default();
-                        let locked = replies.get(3 * i + 2).and_then(int_of) == Some(1);
+                        let head = replies.get(1).and_then(bytes_of).unwrap_or_default();
+                        let locked = replies.get(2).and_then(int_of) == Some(1);
                         match entry_of(route, k, &fields, head, locked) {
                             Some(e) => {
                                 if q.matches(&e) && found <= limit {
@@ -334,9 +294,42 @@ impl RedisStore {
                 if found > limit || n < BATCH {
                     break;
                 }
+                if read >= budget {
+                    // Cut here: the page goes on from the lowest entry read.
+                    if let Some(low) = lowest
+                        && stopped.as_ref().is_none_or(|s| low.order() > s.order())
+                    {
+                        stopped = Some(low);
+                    }
+                    break;
+                }
             }
         }
-        Ok(Page::from_candidates(all, limit))
+        Ok(Page::from_candidates(all, limit, stopped))
+    }
+
+    /// Each candidate's reads ([`read_entry`]), one pipeline per delivery (one slot
+    /// each), in one round trip where the deployment allows (`query_groups`).
+    async fn read_entries(
+        &self,
+        route: &str,
+        candidates: &[(String, u64)],
+    ) -> Result<Vec<Vec<Value>>, StoreError> {
+        let groups = candidates
+            .iter()
+            .map(|(k, _)| {
+                let mut pipe = redis::pipe();
+                read_entry(&mut pipe, &self.keys(&DeliveryKey::new(route, k.as_str())));
+                pipe
+            })
+            .collect();
+        let replies = self.bounded(async {
+            query_groups(&self.conn, groups)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+        });
+        replies.await
     }
 
     pub(super) async fn forget_key(&self, key: &DeliveryKey) -> Result<Forgot, StoreError> {
@@ -350,9 +343,8 @@ impl RedisStore {
             Some(b"in_flight") => Forgot::InFlight,
             _ => Forgot::NotFound,
         };
-        if forgot == Forgot::Forgotten
-            && let Some(index) = self.index_key(&key.route)
-        {
+        if forgot == Forgot::Forgotten {
+            let index = self.index_key(&key.route);
             let mut conn = self.conn.clone();
             let _: Result<i64, _> = self
                 .bounded(

@@ -3,7 +3,8 @@
 //! log (attempts, duplicates, first and last seen, the fingerprint, the kept request,
 //! the recent index) is queued here and written by one background task, as one
 //! pipeline per batch of concurrent deliveries (no Lua, one write and one read per
-//! batch instead of per delivery).
+//! batch instead of per delivery; on a Redis Cluster one small pipeline per slot, sent
+//! at once). The recent index is written here only, the same on every deployment.
 //!
 //! The log hash holds no state a claim decides on, so the order between these writes
 //! and a completion's script does not matter: counters are `HINCRBY`, `first_seen` is
@@ -12,13 +13,16 @@
 //! a delivery to the log's reads. Reads in this process (`flush`) first wait for what
 //! was queued before them; another process sees the writes one batch later.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::connection::Connection;
-use super::ms;
+use redis::{ErrorKind, ServerErrorKind, Value};
+
+use super::connection::{Connection, query_groups};
+use super::{int_of, ms};
 use crate::store::Lifetimes;
 use crate::store::log::{KeptRequest, RECENT_PER_ROUTE};
 
@@ -85,16 +89,26 @@ impl WriteTtls {
 pub(crate) struct LogWriter {
     conn: Connection,
     timeout: Duration,
+    /// The store's "a `redis://` server in cluster mode" flag (cluster_mode.rs).
+    cluster_mode: Arc<AtomicBool>,
+    /// How many members each recent index keeps (`store.recent_per_route`).
+    cap: Arc<AtomicUsize>,
     /// The writer task's queue; started by the first write, restarted when the runtime
     /// that ran it is gone (tests run one runtime each).
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
 }
 
 impl LogWriter {
-    pub(crate) fn new(conn: Connection, timeout: Duration) -> LogWriter {
+    pub(crate) fn new(
+        conn: Connection,
+        timeout: Duration,
+        cluster_mode: Arc<AtomicBool>,
+    ) -> LogWriter {
         LogWriter {
             conn,
             timeout,
+            cluster_mode,
+            cap: Arc::new(AtomicUsize::new(RECENT_PER_ROUTE)),
             tx: Mutex::new(None),
         }
     }
@@ -105,11 +119,22 @@ impl LogWriter {
             Some(s) if !s.is_closed() => s.clone(),
             _ => {
                 let (s, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(run(self.conn.clone(), self.timeout, rx));
+                tokio::spawn(run(
+                    self.conn.clone(),
+                    self.timeout,
+                    self.cluster_mode.clone(),
+                    self.cap.clone(),
+                    rx,
+                ));
                 *tx = Some(s.clone());
                 s
             }
         }
+    }
+
+    /// Sets how many members each recent index keeps.
+    pub(crate) fn set_cap(&self, cap: usize) {
+        self.cap.store(cap.max(1), Ordering::Relaxed);
     }
 
     /// Queues one claim's writes (waits only while the queue is full).
@@ -130,13 +155,15 @@ impl LogWriter {
     }
 }
 
-async fn run(mut conn: Connection, timeout: Duration, mut rx: mpsc::Receiver<Msg>) {
+async fn run(
+    conn: Connection,
+    timeout: Duration,
+    cluster_mode: Arc<AtomicBool>,
+    cap: Arc<AtomicUsize>,
+    mut rx: mpsc::Receiver<Msg>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed_at: Option<tokio::time::Instant> = None;
-    // One transaction per batch keeps each hash's writes and its TTL together (a batch
-    // cut by a connection reset cannot leave a hash without one); a Redis Cluster
-    // routes commands by key, and `MULTI` has none, so there the writes go plain.
-    let atomic = !matches!(conn, Connection::Cluster(_));
     loop {
         if rx.recv_many(&mut batch, BATCH).await == 0 {
             return;
@@ -149,16 +176,15 @@ async fn run(mut conn: Connection, timeout: Duration, mut rx: mpsc::Receiver<Msg
                 Msg::Flush(done) => waiting.push(done),
             }
         }
-        let pipe = batch_pipeline(&writes, atomic);
-        if !pipe.is_empty() {
-            let sent = tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await;
-            let error = match sent {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("timed out".to_string()),
-            };
+        if !writes.is_empty() {
+            let written = tokio::time::timeout(
+                timeout,
+                write_batch(&conn, &writes, cap.load(Ordering::Relaxed), &cluster_mode),
+            )
+            .await
+            .unwrap_or_else(|_| Err("timed out".to_string()));
             // One warning per 10 s at most: a Redis outage fails every batch.
-            if let Some(error) = error
+            if let Err(error) = written
                 && failed_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
             {
                 failed_at = Some(tokio::time::Instant::now());
@@ -171,67 +197,199 @@ async fn run(mut conn: Connection, timeout: Duration, mut rx: mpsc::Receiver<Msg
     }
 }
 
-/// One batch's commands, replies ignored: every hash's writes in one transaction when
-/// `atomic` (one `MULTI`/`EXEC` per batch, not per delivery), then one `ZADD` of all
-/// the batch's members per recent index, trimmed and given its lifetime once (an
-/// index left without a TTL by a cut batch gets one from the next claim). The index's
-/// final state is the same as with a `ZADD` per delivery: a member named twice keeps
-/// its later score, and the cap is applied after the last one.
-fn batch_pipeline(writes: &[LogWrite], atomic: bool) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    if writes.is_empty() {
-        return pipe;
-    }
-    if atomic {
-        pipe.cmd("MULTI").ignore();
-    }
-    for w in writes {
-        add_hash(&mut pipe, w);
-    }
-    if atomic {
-        pipe.cmd("EXEC").ignore();
-    }
-    // Indexes in the order their routes first appear in the batch.
-    let mut indexes: Vec<(&str, redis::Cmd, bool, u64)> = Vec::new();
-    for w in writes {
-        let Some(index) = w.index.as_deref() else {
-            continue;
-        };
-        let at = match indexes.iter().position(|(i, _, _, _)| *i == index) {
-            Some(at) => at,
-            None => {
-                let mut zadd = redis::cmd("ZADD");
-                zadd.arg(index);
-                // One index per route, so its writes share the route's lifetimes.
-                indexes.push((index, zadd, false, w.ttls.index));
-                indexes.len() - 1
+/// Writes one batch (see [`Plan`]): the hashes and indexes, then the rare fix-ups.
+/// One transaction per batch keeps each hash's writes and its TTL together (a batch
+/// cut by a connection reset cannot leave a hash without one); keys of many slots
+/// cannot share one on a Redis Cluster or a server in cluster mode (`CROSSSLOT`,
+/// noted on the way), so there each hash and each index is its own pipeline.
+async fn write_batch(
+    conn: &Connection,
+    writes: &[LogWrite],
+    cap: usize,
+    cluster_mode: &AtomicBool,
+) -> Result<(), String> {
+    let plan = Plan::of(writes, cap);
+    let mut replies = None;
+    if !matches!(conn, Connection::Cluster(_)) && !cluster_mode.load(Ordering::Relaxed) {
+        match plan
+            .atomic()
+            .query_async::<Vec<Value>>(&mut conn.clone())
+            .await
+        {
+            Ok(r) => replies = Some(plan.split_atomic(r)),
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+                if !cluster_mode.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "store.url names a Redis server in cluster mode: the delivery log is written without transactions"
+                    );
+                }
             }
-        };
-        let (_, zadd, claimed, _) = &mut indexes[at];
-        zadd.arg(w.now).arg(&w.key);
-        *claimed |= matches!(w.kind, WriteKind::Claimed { .. });
-    }
-    for (index, zadd, claimed, ttl) in indexes {
-        pipe.add_command(zadd).ignore();
-        if claimed {
-            pipe.cmd("ZREMRANGEBYRANK")
-                .arg(index)
-                .arg(0)
-                .arg(-(RECENT_PER_ROUTE as i64) - 1)
-                .ignore();
-            pipe.cmd("PEXPIRE").arg(index).arg(ttl).ignore();
-        } else {
-            // Only copies: they move members they find (a re-added one overshoots the
-            // cap by one until the next claim trims), and give the index a lifetime
-            // only when it has none (they re-created it).
-            pipe.cmd("PEXPIRE").arg(index).arg(ttl).arg("NX").ignore();
+            Err(e) => return Err(e.to_string()),
         }
     }
-    pipe
+    let replies = match replies {
+        Some(r) => r,
+        None => query_groups(conn, plan.groups())
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?,
+    };
+    let fixups = plan.fixups(writes, &replies);
+    if fixups.is_empty() {
+        return Ok(());
+    }
+    for r in query_groups(conn, fixups).await {
+        r.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
-/// One claim's writes to its log hash.
-fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite) {
+/// One batch's commands, in groups of one slot: each write's hash commands, then one
+/// group per recent index: a `ZADD NX` per logged claim (scored by the claim's time;
+/// an earlier claim of the same delivery keeps its place), trimmed and given its
+/// lifetime once per batch (an index left without a TTL by a cut batch gets one from
+/// the next claim). Copies do not touch the index: a delivery keeps its place, so a
+/// listing's cursor neither skips nor repeats it.
+///
+/// The index is scored by when the delivery was first seen; a member left by an
+/// earlier life of the same key (expired, its member not yet dropped) would keep the
+/// old score under `NX`, so a claim that set the hash's `first_seen` (its `HSETNX`
+/// answered 1) while its `ZADD NX` added nothing moves the member to its time in a
+/// second, rare step ([`Plan::fixups`]).
+struct Plan {
+    /// Each write's hash commands (its `HSETNX first_seen` second, for a claim).
+    hashes: Vec<redis::Pipeline>,
+    /// Each index's commands: its members' `ZADD NX` first, then its upkeep.
+    indexes: Vec<redis::Pipeline>,
+    /// For each logged claim: its write, its index and its `ZADD`'s place there.
+    members: Vec<(usize, usize, usize)>,
+}
+
+impl Plan {
+    /// `cap`: how many members each index keeps.
+    fn of(writes: &[LogWrite], cap: usize) -> Plan {
+        let hashes = writes.iter().map(hash_commands).collect();
+        // Each index's name and lifetime: one index per route, so its writes share
+        // the route's lifetimes.
+        let mut names: Vec<(&str, u64)> = Vec::new();
+        let mut indexes: Vec<redis::Pipeline> = Vec::new();
+        let mut members = Vec::new();
+        for (i, w) in writes.iter().enumerate() {
+            let (Some(index), WriteKind::Claimed { .. }) = (w.index.as_deref(), &w.kind) else {
+                continue;
+            };
+            let at = names
+                .iter()
+                .position(|(n, _)| *n == index)
+                .unwrap_or_else(|| {
+                    names.push((index, w.ttls.index));
+                    indexes.push(redis::pipe());
+                    names.len() - 1
+                });
+            members.push((i, at, indexes[at].len()));
+            indexes[at]
+                .cmd("ZADD")
+                .arg(index)
+                .arg("NX")
+                .arg(w.now)
+                .arg(&w.key);
+        }
+        for ((name, ttl), pipe) in names.iter().zip(&mut indexes) {
+            pipe.cmd("ZREMRANGEBYRANK")
+                .arg(*name)
+                .arg(0)
+                .arg(-i64::try_from(cap).unwrap_or(i64::MAX - 1) - 1);
+            pipe.cmd("PEXPIRE").arg(*name).arg(*ttl);
+        }
+        Plan {
+            hashes,
+            indexes,
+            members,
+        }
+    }
+
+    /// Every group as one pipeline: the hashes in one `MULTI`/`EXEC`, then the indexes.
+    fn atomic(&self) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI").ignore();
+        for h in &self.hashes {
+            for c in h.cmd_iter() {
+                pipe.add_command(c.clone()).ignore();
+            }
+        }
+        pipe.cmd("EXEC");
+        for i in &self.indexes {
+            for c in i.cmd_iter() {
+                pipe.add_command(c.clone());
+            }
+        }
+        pipe
+    }
+
+    /// The replies of [`Plan::atomic`] per group, as [`Plan::groups`] would give them.
+    fn split_atomic(&self, replies: Vec<Value>) -> Vec<Vec<Value>> {
+        let mut it = replies.into_iter();
+        let mut exec = match it.next() {
+            Some(Value::Array(v)) => v.into_iter(),
+            _ => Vec::new().into_iter(),
+        };
+        let mut out: Vec<Vec<Value>> = self
+            .hashes
+            .iter()
+            .map(|h| exec.by_ref().take(h.len()).collect())
+            .collect();
+        out.extend(
+            self.indexes
+                .iter()
+                .map(|i| it.by_ref().take(i.len()).collect()),
+        );
+        out
+    }
+
+    /// The groups, one slot each: the hashes, then the indexes.
+    fn groups(&self) -> Vec<redis::Pipeline> {
+        self.hashes.iter().chain(&self.indexes).cloned().collect()
+    }
+
+    /// The `ZADD XX` moving each member an earlier life left behind to its claim's
+    /// time, per index, from the batch's replies (per group, as [`Plan::groups`]).
+    fn fixups(&self, writes: &[LogWrite], replies: &[Vec<Value>]) -> Vec<redis::Pipeline> {
+        let mut out: Vec<(usize, redis::Pipeline)> = Vec::new();
+        for &(w, at, place) in &self.members {
+            let first = replies.get(w).and_then(|r| r.get(1)).and_then(int_of);
+            let added = replies
+                .get(self.hashes.len() + at)
+                .and_then(|r| r.get(place))
+                .and_then(int_of);
+            if first != Some(1) || added != Some(0) {
+                continue;
+            }
+            let (write, mut cmd) = (&writes[w], redis::cmd("ZADD"));
+            cmd.arg(write.index.as_deref())
+                .arg("XX")
+                .arg(write.now)
+                .arg(&write.key);
+            match out.iter_mut().find(|(i, _)| *i == at) {
+                Some((_, p)) => {
+                    p.add_command(cmd);
+                }
+                None => {
+                    let mut p = redis::pipe();
+                    p.add_command(cmd);
+                    out.push((at, p));
+                }
+            }
+        }
+        out.into_iter().map(|(_, p)| p).collect()
+    }
+}
+
+/// One claim's writes to its log hash, in one slot (a claim's `HSETNX first_seen`
+/// second: [`Plan::fixups`] reads its reply).
+fn hash_commands(w: &LogWrite) -> redis::Pipeline {
+    let ttls = w.ttls;
+    let mut pipe = redis::pipe();
     match &w.kind {
         WriteKind::Claimed { fp_hex, kept } => {
             let hset = pipe
@@ -251,43 +409,22 @@ fn add_hash(pipe: &mut redis::Pipeline, w: &LogWrite) {
                     .arg("req_body")
                     .arg(k.body.as_ref());
             }
-            hset.ignore();
-            pipe.cmd("HSETNX")
-                .arg(&w.hash)
-                .arg("first_seen")
-                .arg(w.now)
-                .ignore();
-            pipe.cmd("HINCRBY")
-                .arg(&w.hash)
-                .arg("attempts")
-                .arg(1)
-                .ignore();
+            pipe.cmd("HSETNX").arg(&w.hash).arg("first_seen").arg(w.now);
+            pipe.cmd("HINCRBY").arg(&w.hash).arg("attempts").arg(1);
             // NX: a completion that got here first set `retention`, which stands; a
             // claim that outlives the hash's lifetime is kept alive by renew.lua.
-            pipe.cmd("PEXPIRE")
-                .arg(&w.hash)
-                .arg(w.ttls.hash)
-                .arg("NX")
-                .ignore();
+            pipe.cmd("PEXPIRE").arg(&w.hash).arg(ttls.hash).arg("NX");
         }
         WriteKind::Copy => {
-            pipe.cmd("HINCRBY")
-                .arg(&w.hash)
-                .arg("duplicates")
-                .arg(1)
-                .ignore();
-            pipe.cmd("HSET")
-                .arg(&w.hash)
-                .arg("last_seen")
-                .arg(w.now)
-                .ignore();
+            pipe.cmd("HINCRBY").arg(&w.hash).arg("duplicates").arg(1);
+            pipe.cmd("HSET").arg(&w.hash).arg("last_seen").arg(w.now);
             pipe.cmd("PEXPIRE")
                 .arg(&w.hash)
-                .arg(w.ttls.fragment)
-                .arg("NX")
-                .ignore();
+                .arg(ttls.fragment)
+                .arg("NX");
         }
     }
+    pipe
 }
 
 #[cfg(test)]
@@ -340,13 +477,15 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_one_transaction_and_one_zadd_per_index_with_its_routes_lifetime() {
+    fn a_batch_is_one_transaction_then_each_index_and_copies_leave_it_alone() {
         let batch = [
             write("a", "k1", 10, true),
             write("b", "k2", 11, false),
             write("a", "k3", 12, true),
+            write("b", "k4", 13, true),
         ];
-        let w = words(&batch_pipeline(&batch, true));
+        let plan = Plan::of(&batch, RECENT_PER_ROUTE);
+        let w = words(&plan.atomic());
         assert_eq!(w.iter().filter(|c| *c == "MULTI").count(), 1, "{w:#?}");
         assert_eq!(w.iter().filter(|c| *c == "EXEC").count(), 1, "{w:#?}");
         let exec = w.iter().position(|c| c == "EXEC").unwrap();
@@ -356,31 +495,58 @@ mod tests {
                 .iter()
                 .any(|c| c.starts_with("HINCRBY h:b:k2 duplicates"))
         );
-        // Each hash lives its own route's retention.
-        assert!(
-            w[..exec].iter().any(|c| c == "PEXPIRE h:a:k1 1000 NX"),
-            "{w:#?}"
-        );
-        assert!(
-            w[..exec].iter().any(|c| c == "PEXPIRE h:b:k2 1900 NX"),
-            "{w:#?}"
-        );
+        // Only claims place members, each `NX` at its time; a copy moves none.
         assert_eq!(
             w[exec + 1..],
             [
-                "ZADD i:a 10 k1 12 k3",
+                "ZADD i:a NX 10 k1",
+                "ZADD i:a NX 12 k3",
                 "ZREMRANGEBYRANK i:a 0 -10001",
                 "PEXPIRE i:a 1100",
-                "ZADD i:b 11 k2",
-                "PEXPIRE i:b 2200 NX",
+                // Each index lives as long as its own route's lifetimes say.
+                "ZADD i:b NX 13 k4",
+                "ZREMRANGEBYRANK i:b 0 -10001",
+                "PEXPIRE i:b 2200",
             ]
         );
+        // Per slot: four hashes, two indexes.
+        assert_eq!(plan.groups().len(), 6);
     }
 
     #[test]
-    fn on_a_cluster_there_is_no_transaction() {
-        let w = words(&batch_pipeline(&[write("a", "k1", 10, true)], false));
-        assert!(!w.iter().any(|c| c == "MULTI" || c == "EXEC"), "{w:#?}");
-        assert!(batch_pipeline(&[], true).is_empty());
+    fn a_member_an_earlier_life_left_is_moved_to_the_new_claim_only() {
+        let batch = [write("a", "k1", 10, true), write("a", "k2", 12, true)];
+        let plan = Plan::of(&batch, RECENT_PER_ROUTE);
+        let hash = |first: i64| {
+            vec![
+                Value::Int(0),
+                Value::Int(first),
+                Value::Int(1),
+                Value::Int(1),
+            ]
+        };
+        // k1: a new hash (`HSETNX` 1) whose member was there (`ZADD NX` 0): moved.
+        // k2: the hash was there (a claim after a release): it keeps its place.
+        let replies = vec![
+            hash(1),
+            hash(0),
+            vec![Value::Int(0), Value::Int(0), Value::Int(0), Value::Int(1)],
+        ];
+        let fix: Vec<String> = plan
+            .fixups(&batch, &replies)
+            .iter()
+            .flat_map(words)
+            .collect();
+        assert_eq!(fix, ["ZADD i:a XX 10 k1"]);
+        // The atomic pipeline's replies split the same way as the groups'.
+        let exec = Value::Array(hash(1).into_iter().chain(hash(0)).collect());
+        let split = plan.split_atomic(vec![
+            exec,
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1),
+        ]);
+        assert_eq!(split, replies);
     }
 }

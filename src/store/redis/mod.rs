@@ -131,7 +131,7 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// Adds an optional last key (a logged script's recent index), if there is one.
+    /// Adds an optional last key (a queue script's order list), if there is one.
     pub(crate) fn key(mut self, key: Option<&'a str>) -> Self {
         if let Some(k) = key {
             self.keys[self.nkeys] = k;
@@ -145,9 +145,8 @@ impl<'a> Call<'a> {
         self
     }
 
-    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`; with the first `nkeys`
-    /// keys only.
-    fn command(&self, by_sha: bool, nkeys: usize) -> Cmd {
+    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`.
+    fn command(&self, by_sha: bool) -> Cmd {
         let mut c = if by_sha {
             let mut c = redis::cmd("EVALSHA");
             c.arg(&self.script.sha);
@@ -157,8 +156,9 @@ impl<'a> Call<'a> {
             c.arg(self.script.source);
             c
         };
-        let nkeys = nkeys.min(self.nkeys);
-        c.arg(nkeys).arg(&self.keys[..nkeys]).arg(&self.args);
+        c.arg(self.nkeys)
+            .arg(&self.keys[..self.nkeys])
+            .arg(&self.args);
         c
     }
 }
@@ -178,7 +178,9 @@ impl RedisStore {
             Topology::parse(url).map_err(|e| StoreError::Unavailable(format!("store.url {e}")))?;
         let conn = Connection::new(&topology, timeout)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let log_writer = std::sync::Arc::new(LogWriter::new(conn.clone(), timeout));
+        let cluster_mode: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let log_writer =
+            std::sync::Arc::new(LogWriter::new(conn.clone(), timeout, cluster_mode.clone()));
         Ok(RedisStore {
             log_writer,
             conn,
@@ -186,7 +188,7 @@ impl RedisStore {
             lifetimes,
             timeout,
             acks: None,
-            cluster_mode: Default::default(),
+            cluster_mode,
             scripts: std::sync::Arc::new(Scripts {
                 replay: ScriptDef::new(include_str!("scripts/replay.lua")),
                 complete: ScriptDef::new(include_str!("scripts/complete.lua")),
@@ -215,7 +217,14 @@ impl RedisStore {
         .with_replica_acks(
             config.store.min_replicas_ack,
             config.store.replicas_ack_timeout,
-        ))
+        )
+        .with_recent_per_route(config.store.recent_per_route))
+    }
+
+    /// Sets how many deliveries each route's recent index holds.
+    pub fn with_recent_per_route(self, cap: usize) -> Self {
+        self.log_writer.set_cap(cap);
+        self
     }
 
     /// Makes claims and completions count only once `replicas` replicas confirmed them
@@ -325,9 +334,8 @@ impl RedisStore {
         self.bounded(async {
             let mut conn = self.conn.clone();
             let mut by_sha = true;
-            let mut nkeys = call.nkeys;
             loop {
-                let cmd = call.command(by_sha, nkeys);
+                let cmd = call.command(by_sha);
                 match send(&mut conn, cmd, call.keys[0], acks).await {
                     Err(e)
                         if by_sha && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
@@ -335,16 +343,6 @@ impl RedisStore {
                         // This node has not seen the script (new, restarted or promoted):
                         // send it in full once; the node caches it for the next EVALSHA.
                         by_sha = false;
-                    }
-                    Err(e)
-                        if nkeys > 3
-                            && e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) =>
-                    {
-                        // A `redis://` server in cluster mode refused the recent index
-                        // (a script's only optional fourth key, in a second slot); the
-                        // script did not run: run it without (later calls leave it out).
-                        self.note_cluster_mode("CROSSSLOT");
-                        nkeys = 3;
                     }
                     other => return other,
                 }
@@ -563,15 +561,12 @@ impl Store for RedisStore {
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
         let k = self.keys(key);
-        // Only a logged release writes the recent index (see `log`).
-        let index = settled.and_then(|_| self.index_key(&key.route));
         let mut call = Call::new(&self.scripts.release, &[&k.record, &k.lock, &k.log])
-            .key(index.as_deref())
             .arg(token.to_hex())
             .arg(unix_millis())
             .arg(ms(self.lifetimes.of(&key.route).retention));
         if let Some(settled) = settled {
-            call = self.release_log_args(call, key, settled);
+            call = self.complete_log_args(call, settled);
         }
         let (reply, _) = self.eval(&call, false).await?;
         Ok(int_of(&reply) == Some(1))

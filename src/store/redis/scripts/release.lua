@@ -1,6 +1,6 @@
 -- Gives a claim up so the provider's next copy is forwarded; owner only (fencing).
--- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash, KEYS[4] the recent index
--- (not on Cluster); ARGV[1] owner token, ARGV[2] now (unix ms), ARGV[3] retention ms
+-- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash; ARGV[1] owner token,
+-- ARGV[2] now (unix ms), ARGV[3] retention ms
 -- A first delivery's processing record is deleted (released). A lock holder's claim
 -- leaves the record: an operator's replay of a completed key (`r`) goes back to `c`
 -- with its old answer, whichever release gives it up (a failed replay, or an
@@ -28,8 +28,8 @@ else
   return 0
 end
 -- Delivery log, optional: ARGV[4] outcome, ARGV[5] upstream status ('' when none),
--- ARGV[6] latency ms, ARGV[7] the delivery's key, ARGV[8] index cap, ARGV[9] the
--- index's lifetime ms (retention + lease, as a claim sets it). The log hash may not
+-- ARGV[6] latency ms. (The recent index keeps the delivery where its first claim put
+-- it: log_writer.rs.) The log hash may not
 -- exist yet (the claim's own log write is still queued, log_writer.rs) or any more
 -- (evicted): written anyway, and given a TTL when it has none.
 if status then
@@ -42,9 +42,4 @@ else
   redis.call('HSET', KEYS[3], 'last_seen', ARGV[2])
 end
 redis.call('PEXPIRE', KEYS[3], ARGV[3], 'NX')
-if KEYS[4] then
-  redis.call('ZADD', KEYS[4], ARGV[2], ARGV[7])
-  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[8]) - 1)
-  redis.call('PEXPIRE', KEYS[4], ARGV[9])
-end
 return 1

@@ -1,9 +1,9 @@
 -- An operator's replay: a forced claim, the one claim that still needs a script (rare).
--- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash (same hash tag, so one slot),
--- KEYS[4] the route's recent index (absent on Redis Cluster)
+-- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash (same hash tag, so one slot)
 -- ARGV[1] owner token, ARGV[2] lease ms, ARGV[3] payload fingerprint (hex),
--- ARGV[4] now (unix ms), ARGV[5] retention ms, ARGV[6] index cap, ARGV[7] the
--- delivery's key, ARGV[8..11] the kept request (method, path, headers, body), optional
+-- ARGV[4] now (unix ms), ARGV[5] retention ms, ARGV[6..9] the kept request (method,
+-- path, headers, body), optional. The recent index keeps the delivery where its
+-- first claim put it (log_writer.rs): a replay does not move it.
 -- Returns {'claimed'} | {'in_flight', remaining lease ms} | {'mismatch'} | {'queued'}
 --
 -- A completed record (`c|fp|answer`) is not replaced: the replay takes the lock and
@@ -71,9 +71,9 @@ else
   end
 end
 local f = {'fp', ARGV[3], 'last_seen', ARGV[4]}
-if ARGV[8] then
-  for _, v in ipairs({'req_method', ARGV[8], 'req_path', ARGV[9],
-      'req_headers', ARGV[10], 'req_body', ARGV[11]}) do
+if ARGV[6] then
+  for _, v in ipairs({'req_method', ARGV[6], 'req_path', ARGV[7],
+      'req_headers', ARGV[8], 'req_body', ARGV[9]}) do
     f[#f + 1] = v
   end
 end
@@ -81,9 +81,4 @@ redis.call('HSET', KEYS[3], unpack(f))
 redis.call('HINCRBY', KEYS[3], 'attempts', 1)
 redis.call('HINCRBY', KEYS[3], 'replays', 1)
 redis.call('PEXPIRE', KEYS[3], math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
-if KEYS[4] then
-  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[7])
-  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[6]) - 1)
-  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]) + tonumber(ARGV[2]))
-end
 return {'claimed'}
