@@ -90,7 +90,12 @@ pub async fn run(
                 .recent_per_route(config.store.recent_per_route);
             // The `file:` store is the memory store journaled to its directory.
             let (store, queue) = match &config.store.url {
-                StoreUrl::File(dir) => crate::store::file::open(dir, config.store.fsync, options)?,
+                StoreUrl::File(dir) => crate::store::file::open(
+                    dir,
+                    config.store.fsync,
+                    config.store.timeout,
+                    options,
+                )?,
                 _ => {
                     let store = MemoryStore::with_options(options);
                     let queue = crate::store::MemoryQueue::new(store.clone());

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub(crate) use layout::Restored;
 use layout::Space;
@@ -78,14 +79,16 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
 
 /// Opens the `file:` store in `dir`: locks it, starts its journal, and loads every
 /// delivery, queue entry, dead letter and job back into a memory store (`options`'
-/// bound applies) and its queue.
+/// bound applies) and its queue. A call waits at most `wait` (`store.timeout`) for its
+/// change to be written.
 pub fn open(
     dir: &Path,
     fsync: FsyncPolicy,
+    wait: Duration,
     options: MemoryOptions,
 ) -> Result<(MemoryStore, MemoryQueue), StoreError> {
     let mut files = FileDir::open(dir)?;
-    let journal: Arc<dyn Journal> = Arc::new(files.start_journal(fsync)?);
+    let journal: Arc<dyn Journal> = Arc::new(files.start_journal(fsync, wait)?);
     let store = MemoryStore::with_options(MemoryOptions {
         journal: Some(journal.clone()),
         ..options
@@ -178,7 +181,11 @@ impl FileDir {
     }
 
     /// Starts the writer (once): from then on the journal owns the directory's lock.
-    pub(crate) fn start_journal(&mut self, fsync: FsyncPolicy) -> Result<FileJournal, StoreError> {
+    pub(crate) fn start_journal(
+        &mut self,
+        fsync: FsyncPolicy,
+        wait: Duration,
+    ) -> Result<FileJournal, StoreError> {
         let lock = self.lock.take().ok_or_else(|| {
             StoreError::Unavailable(unusable(&self.dir, "its journal is already started"))
         })?;
@@ -187,7 +194,7 @@ impl FileDir {
             spaces: self.spaces.clone(),
             _lock: lock,
         };
-        FileJournal::start(engine, fsync).map_err(|e| {
+        FileJournal::start(engine, fsync, wait).map_err(|e| {
             StoreError::Unavailable(unusable(&self.dir, format!("cannot start its writer: {e}")))
         })
     }

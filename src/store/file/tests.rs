@@ -63,7 +63,7 @@ async fn what_is_awaited_reads_back_after_a_reopen_for_both_policies() {
         {
             let j = FileDir::open(tmp.path())
                 .unwrap()
-                .start_journal(fsync)
+                .start_journal(fsync, Duration::from_secs(5))
                 .unwrap();
             j.record(Change::Entry {
                 key: &k1,
@@ -171,7 +171,13 @@ async fn evictions_under_the_memory_bound_leave_the_disk_too() {
         body: Bytes::from_static(b"ok"),
     };
     let held = {
-        let (store, _queue) = open(tmp.path(), FsyncPolicy::Always, options()).unwrap();
+        let (store, _queue) = open(
+            tmp.path(),
+            FsyncPolicy::Always,
+            Duration::from_secs(5),
+            options(),
+        )
+        .unwrap();
         for n in 0..6_000 {
             let k = DeliveryKey::new("wh", format!("k{n:05}"));
             if let Claim::Claimed(t) = store.claim(&k, &[1; 32], None).await.unwrap() {
@@ -187,6 +193,25 @@ async fn evictions_under_the_memory_bound_leave_the_disk_too() {
         .filter(|r| matches!(r, Restored::Entry(..)))
         .count();
     assert_eq!(on_disk, held);
-    let (store, _queue) = open(tmp.path(), FsyncPolicy::Always, options()).unwrap();
+    let (store, _queue) = open(
+        tmp.path(),
+        FsyncPolicy::Always,
+        Duration::from_secs(5),
+        options(),
+    )
+    .unwrap();
     assert_eq!(store.len(), held);
+}
+
+/// A change not written within `wait` (a stalled disk) answers a timeout, not a hang.
+#[tokio::test]
+async fn a_change_not_written_in_time_answers_a_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let j = FileDir::open(tmp.path())
+        .unwrap()
+        .start_journal(FsyncPolicy::Always, Duration::from_millis(100))
+        .unwrap();
+    // A ticket the writer never reaches stands for a write that never ends.
+    let e = j.durable(1_000).await.unwrap_err();
+    assert!(matches!(e, crate::store::StoreError::Timeout), "{e}");
 }

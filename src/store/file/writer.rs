@@ -47,6 +47,9 @@ struct Shared {
 /// The `Journal` the memory store writes through on a `file:` store.
 pub(crate) struct FileJournal {
     shared: Arc<Shared>,
+    /// How long a call waits for its change to be written (`store.timeout`): a
+    /// stalled disk answers a store error, never a hang.
+    wait: Duration,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -59,7 +62,11 @@ pub(super) struct Engine {
 }
 
 impl FileJournal {
-    pub(super) fn start(engine: Engine, fsync: FsyncPolicy) -> std::io::Result<FileJournal> {
+    pub(super) fn start(
+        engine: Engine,
+        fsync: FsyncPolicy,
+        wait: Duration,
+    ) -> std::io::Result<FileJournal> {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending {
                 next: 1,
@@ -74,6 +81,7 @@ impl FileJournal {
             .spawn(move || write_loop(&for_writer, engine, fsync))?;
         Ok(FileJournal {
             shared,
+            wait,
             writer: Mutex::new(Some(writer)),
         })
     }
@@ -112,10 +120,12 @@ impl Journal for FileJournal {
 
     fn durable(&self, ticket: Ticket) -> Durable<'_> {
         let mut rx = self.shared.committed.subscribe();
+        let wait = self.wait;
         Box::pin(async move {
-            let c = rx
-                .wait_for(|c| c.upto >= ticket || c.failed.is_some())
+            let written = rx.wait_for(|c| c.upto >= ticket || c.failed.is_some());
+            let c = tokio::time::timeout(wait, written)
                 .await
+                .map_err(|_| StoreError::Timeout)?
                 .map_err(|_| StoreError::Unavailable("file store writer stopped".into()))?;
             match &c.failed {
                 Some(e) if c.upto < ticket => Err(StoreError::Unavailable(format!(

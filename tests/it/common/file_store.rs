@@ -19,6 +19,7 @@ impl FileStore {
         let (store, queue) = idemgate::store::file::open(
             dir.path(),
             FsyncPolicy::Always,
+            std::time::Duration::from_secs(5),
             MemoryOptions::new(lifetimes),
         )
         .expect("file store opens");
