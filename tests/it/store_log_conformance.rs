@@ -898,6 +898,21 @@ macro_rules! both {
                 }
             )*
         }
+        /// The same cases through Sentinels: the store follows the master they name
+        /// (one set for every case, each case under its own prefix).
+        mod sentinel {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn every_case() {
+                let set = crate::common::cluster::SentinelSet::start();
+                $(
+                    eprintln!("redis sentinel: {}", stringify!($case));
+                    let s = RedisStore::new(&set.url(), stringify!($case), $lifetimes, Duration::from_secs(2)).unwrap();
+                    super::$case(s).await;
+                )*
+                drop(set);
+            }
+        }
         /// The same cases on a Redis Cluster: the recent index lives in its route's
         /// slot, the deliveries in theirs.
         mod cluster {
