@@ -13,6 +13,7 @@
 #   PEER=0 benches/load/run.sh          # without the nginx + Lua + Redis peer
 #   PEER_WORKERS=1 benches/load/run.sh  # the peer with one nginx worker (default: auto)
 #   BOUND_MEMORY=16MiB benches/load/run.sh  # the memory store's bound in its "at the bound" row
+#                                       # (default 16MiB; 2MiB when DURATION < 10)
 #   ONLY=memory benches/load/run.sh     # the memory store's rows (empty, at the bound), with
 #                                       # direct and idemgate-on-Redis as the same run's reference
 #   FSYNC=250ms benches/load/run.sh     # the file store row with store.fsync = "250ms" (default: always)
@@ -166,7 +167,8 @@ else
 fi
 IG_STORE=memory measure_idemgate ig_memory "idemgate, memory store, first deliveries (empty store, filling)" "$work/fresh"
 # The same load on a store already at its bound: every new delivery evicts the oldest.
-BOUND_MEMORY=${BOUND_MEMORY:-16MiB}
+# A short run (the CI smoke's DURATION=2) fills too few deliveries for 16 MiB: 2 MiB then.
+if [ "$DURATION" -ge 10 ]; then BOUND_MEMORY=${BOUND_MEMORY:-16MiB}; else BOUND_MEMORY=${BOUND_MEMORY:-2MiB}; fi
 IG_STORE=memory IG_MAX_MEMORY=$BOUND_MEMORY measure_idemgate ig_memory_bound \
   "idemgate, memory store at its bound (max_memory = $BOUND_MEMORY), first deliveries" "$work/fresh" "$work/fill"
 
