@@ -215,3 +215,58 @@ async fn a_change_not_written_in_time_answers_a_timeout() {
     let e = j.durable(1_000).await.unwrap_err();
     assert!(matches!(e, crate::store::StoreError::Timeout), "{e}");
 }
+
+/// A reopened directory lists what it kept: its deliveries go back into their routes'
+/// recent index as they load, newest first as before the restart.
+#[tokio::test]
+async fn a_reopened_directory_lists_the_deliveries_it_kept() {
+    use crate::store::log::{ClaimLog, DeliveryLog, ListQuery};
+    use crate::store::{Claim, Lifetimes, MemoryOptions, Store, StoredResponse};
+    let tmp = tempfile::tempdir().unwrap();
+    let options = || {
+        MemoryOptions::new(Lifetimes {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+        })
+    };
+    let reopen = || {
+        open(
+            tmp.path(),
+            FsyncPolicy::Always,
+            Duration::from_secs(5),
+            options(),
+        )
+    };
+    let answer = StoredResponse {
+        status: 200,
+        headers: Bytes::new(),
+        body: Bytes::from_static(b"ok"),
+    };
+    {
+        let (store, _queue) = reopen().unwrap();
+        for k in ["a", "b", "c"] {
+            let k = DeliveryKey::new("wh", k);
+            let Claim::Claimed(t) = store
+                .claim(&k, &[1; 32], Some(ClaimLog::default()))
+                .await
+                .unwrap()
+            else {
+                panic!("a new key is claimed");
+            };
+            assert!(store.complete(&k, t, &answer, None).await.unwrap());
+            // Distinct first-seen times, so the order is the keys' order.
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+    let (store, _queue) = reopen().unwrap();
+    let page = store
+        .recent(&ListQuery {
+            routes: vec!["wh".into()],
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let keys: Vec<_> = page.items.iter().map(|(_, e)| e.key.as_str()).collect();
+    assert_eq!(keys, ["c", "b", "a"]);
+}

@@ -238,15 +238,8 @@ impl Table {
         if !self.make_room(shard, hash, now, cost(&record)) && admit == Admit::NewDelivery {
             return Err(StoreError::Full);
         }
-        self.used.fetch_add(cost(&record), Ordering::Relaxed);
         ticket = self.record(route, k, Some(&record[at..]));
-        shard
-            .records
-            .insert_unique(hash, record, |r| self.hash_record(r));
-        shard.marks.push_back(Mark {
-            hash,
-            expires: e.expires_at,
-        });
+        self.insert_new(shard, hash, record, e.expires_at);
         Ok(Updated { value, ticket })
     }
 
@@ -267,15 +260,17 @@ impl Table {
         }
         let (record, _) = encoded(key, e);
         self.make_room(shard, hash, now, cost(&record));
+        self.insert_new(shard, hash, record, e.expires_at);
+        Ok(())
+    }
+
+    /// Adds a record the shard does not hold, counted against the bound, with its mark.
+    fn insert_new(&self, shard: &mut Shard, hash: u64, record: Box<[u8]>, expires: u64) {
         self.used.fetch_add(cost(&record), Ordering::Relaxed);
         shard
             .records
             .insert_unique(hash, record, |r| self.hash_record(r));
-        shard.marks.push_back(Mark {
-            hash,
-            expires: e.expires_at,
-        });
-        Ok(())
+        shard.marks.push_back(Mark { hash, expires });
     }
 
     /// Evicts the oldest settled entries of `keep`'s shard (held by the caller) until
@@ -286,12 +281,21 @@ impl Table {
         if self.evict(shard, keep, now, need, EVICT_LOOK) {
             return true;
         }
+        // The other shards, their oldest first (by the expiry of each one's front
+        // mark), so a small store with few entries per shard still forgets its oldest.
         let own = shard_of(keep);
         let start = self.next_victim.fetch_add(1, Ordering::Relaxed) as usize;
-        for j in (0..SHARDS)
+        let mut others: Vec<(u64, usize)> = (0..SHARDS)
             .map(|n| (start + n) % SHARDS)
             .filter(|j| *j != own)
-        {
+            .filter_map(|j| {
+                let mut other = self.shards[j].try_lock().ok()?;
+                let (m, _) = self.front(&mut other, &mut 0, OTHER_LOOK)?;
+                Some((m.expires, j))
+            })
+            .collect();
+        others.sort_unstable();
+        for (_, j) in others {
             if let Ok(mut other) = self.shards[j].try_lock()
                 && self.evict(&mut other, keep, now, need, OTHER_LOOK)
             {
