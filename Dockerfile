@@ -17,8 +17,8 @@ COPY . .
 # cache mount so that the next stage can take it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin idemgate \
-    && install -D -m 0755 target/release/idemgate /out/idemgate
+    cargo build --profile dist --locked --bin idemgate \
+    && install -D -m 0755 target/dist/idemgate /out/idemgate
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/idemgate /usr/local/bin/idemgate

@@ -15,9 +15,9 @@ RATE=${RATE:-200}
 SECONDS_=${SECONDS_:-10}
 T=${CARGO_TARGET_DIR:-target}
 
-cargo build --release --quiet --bin idemgate --example loadgen
-BIN=$T/release/idemgate
-LOADGEN=$T/release/examples/loadgen
+cargo build --profile "$PROFILE" --quiet --bin idemgate --example loadgen
+BIN=$T/$PROFILE/idemgate
+LOADGEN=$T/$PROFILE/examples/loadgen
 
 . benches/load/lib.sh
 start_redis

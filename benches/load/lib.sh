@@ -10,6 +10,9 @@ CONNS=${CONNS:-32}
 RATE=${RATE:-2000}
 RATE_SECONDS=${RATE_SECONDS:-$DURATION}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# The cargo profile the scripts build and run: `dist` (fat LTO, what the image ships);
+# PROFILE=release for a quicker build (thin LTO, what `cargo run --release` builds).
+PROFILE=${PROFILE:-dist}
 
 work=$(mktemp -d)
 pids=()

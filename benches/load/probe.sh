@@ -3,7 +3,7 @@
 # upstream (one worker) and idemgate on free loopback ports, a 5 s wrk run of first
 # deliveries; prints req/s, the CPU ticks of idemgate, redis-server and the upstream and
 # the machine's idle ticks.
-#   cargo build --release && benches/load/probe.sh
+#   cargo build --profile dist && benches/load/probe.sh
 # Switches: BIN= another idemgate binary; LOG= its IDEMGATE_LOG (info); DUP= share of
 # duplicates (0); CONNS= wrk connections (32); NOSTORE=1 the memory store; RPIN=/IPIN=
 # a prefix for redis-server/idemgate (e.g. "taskset -c 1"); WT= idemgate's
@@ -27,7 +27,7 @@ store_url="redis://127.0.0.1:$REDIS_PORT/0"; [ -n "${NOSTORE:-}" ] && store_url=
 idemgate_config "$work/ig.toml" "$IG_PORT" "$IG_ADMIN" "$store_url"
 [ -n "${WT:-}" ] && sed -i "1i worker_threads = $WT" "$work/ig.toml"
 [ "${MODE:-sync}" = async ] && echo 'mode = "async"' >>"$work/ig.toml"
-IDEMGATE_LOG=${LOG:-info} ${IPIN:-} ${BIN:-target/release/idemgate} run --config "$work/ig.toml" 2>/dev/null &
+IDEMGATE_LOG=${LOG:-info} ${IPIN:-} ${BIN:-target/$PROFILE/idemgate} run --config "$work/ig.toml" 2>/dev/null &
 IP=$!; pids+=($IP); wait_port "$IG_ADMIN"
 python3 benches/load/gen_requests.py "$work/fresh" 2 150000 "${DUP:-0}" "$SECRET"
 

@@ -46,9 +46,9 @@ if [ -n "$peer_skip" ]; then
   echo "SKIPPING the nginx + Lua + Redis peer: $peer_skip" >&2
 fi
 
-cargo build --release --quiet --bin idemgate --example loadgen
-BIN=${CARGO_TARGET_DIR:-target}/release/idemgate
-LOADGEN=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
+cargo build --profile "$PROFILE" --quiet --bin idemgate --example loadgen
+BIN=${CARGO_TARGET_DIR:-target}/$PROFILE/idemgate
+LOADGEN=${CARGO_TARGET_DIR:-target}/$PROFILE/examples/loadgen
 
 start_redis
 

@@ -21,8 +21,8 @@ DELAY_MS=${DELAY_MS:-5}
 SIDECARS=${SIDECARS:-3}
 T=${CARGO_TARGET_DIR:-target}
 
-cargo build --release --quiet --bin idemgate --example throttle_probe
-BIN=${BIN:-$T/release/idemgate}
+cargo build --profile "$PROFILE" --quiet --bin idemgate --example throttle_probe
+BIN=${BIN:-$T/$PROFILE/idemgate}
 
 . benches/load/lib.sh
 start_redis
@@ -56,4 +56,4 @@ CONF
 done
 
 echo "configured: $SIDECARS sidecars, max_concurrency=$MAX_CONCURRENCY rate=$RATE/s burst=$BURST; application answers after ${DELAY_MS} ms; $N deliveries; $(nproc) cores"
-"$T/release/examples/throttle_probe" "$APP_PORT" "$DELAY_MS" "$N" "$SECRET" "${urls[@]}" | grep RESULT
+"$T/$PROFILE/examples/throttle_probe" "$APP_PORT" "$DELAY_MS" "$N" "$SECRET" "${urls[@]}" | grep RESULT

@@ -13,15 +13,15 @@
 # The deliveries carry no traceparent, so start_traces makes idemgate start each trace.
 # ROUNDS (1) repeats the five in turn, so drift hits each alike.
 #
-#   cargo build --release --bin idemgate --example loadgen && benches/load/tracing.sh
+#   cargo build --profile dist --bin idemgate --example loadgen && benches/load/tracing.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-1}
 . benches/load/lib.sh
 install_missing
-cargo build --release --quiet --bin idemgate --example loadgen
-BIN=target/release/idemgate
-LOADGEN=target/release/examples/loadgen
+cargo build --profile "$PROFILE" --quiet --bin idemgate --example loadgen
+BIN=target/$PROFILE/idemgate
+LOADGEN=target/$PROFILE/examples/loadgen
 
 start_redis
 start_upstream
