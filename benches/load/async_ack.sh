@@ -15,11 +15,11 @@ RATE=${RATE:-200}
 SECONDS_=${SECONDS_:-10}
 T=${CARGO_TARGET_DIR:-target}
 
+. benches/load/lib.sh
 cargo build --profile "$PROFILE" --quiet --bin idemgate --example loadgen
 BIN=$T/$PROFILE/idemgate
 LOADGEN=$T/$PROFILE/examples/loadgen
 
-. benches/load/lib.sh
 start_redis
 
 UP_PORT=$(free_port)

@@ -21,10 +21,10 @@ DELAY_MS=${DELAY_MS:-5}
 SIDECARS=${SIDECARS:-3}
 T=${CARGO_TARGET_DIR:-target}
 
+. benches/load/lib.sh
 cargo build --profile "$PROFILE" --quiet --bin idemgate --example throttle_probe
 BIN=${BIN:-$T/$PROFILE/idemgate}
 
-. benches/load/lib.sh
 start_redis
 APP_PORT=$(free_port)
 
