@@ -43,6 +43,8 @@ struct Delivery<'a> {
     route: &'a Route,
     rm: &'a RouteMetrics,
     parts: &'a http::request::Parts,
+    /// The request's headers, moved out of `parts`: forwarded without a copy.
+    headers: http::HeaderMap,
     body: Bytes,
     key: &'a DeliveryKey,
     fp: &'a providers::Fingerprint,
@@ -292,7 +294,7 @@ impl<S: Store> Gate<S> {
         B: Body<Data = Bytes>,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let body = match self.read_body(&parts.headers, body).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
@@ -338,13 +340,15 @@ impl<S: Store> Gate<S> {
                 return (Outcome::Handshake, handshake_answer(reply));
             }
             Ok(Admission::Handshake(None)) => {
+                let headers = std::mem::take(&mut parts.headers);
                 return self
-                    .unclaimed(Outcome::Handshake, route, rm, &parts, body)
+                    .unclaimed(Outcome::Handshake, route, rm, &parts, headers, body)
                     .await;
             }
             Ok(Admission::Unkeyed) => {
+                let headers = std::mem::take(&mut parts.headers);
                 return self
-                    .unclaimed(Outcome::Unkeyed, route, rm, &parts, body)
+                    .unclaimed(Outcome::Unkeyed, route, rm, &parts, headers, body)
                     .await;
             }
             Err(refused) => {
@@ -420,10 +424,12 @@ impl<S: Store> Gate<S> {
                     return (r.outcome, error_answer(&r));
                 }
                 Step::Forward(token) => {
+                    let headers = std::mem::take(&mut parts.headers);
                     let delivery = Delivery {
                         route,
                         rm,
                         parts: &parts,
+                        headers,
                         body,
                         key: &dkey,
                         fp: &fp,
@@ -497,6 +503,7 @@ impl<S: Store> Gate<S> {
     fn outgoing<'a>(
         &self,
         parts: &'a http::request::Parts,
+        headers: http::HeaderMap,
         body: Bytes,
         path_and_query: &'a str,
         idempotency_key: Option<HeaderValue>,
@@ -504,7 +511,7 @@ impl<S: Store> Gate<S> {
         Outgoing {
             method: &parts.method,
             path_and_query,
-            headers: &parts.headers,
+            headers,
             body,
             authority: parts.uri.authority().map(|a| a.as_str()),
             idempotency_key,
@@ -561,6 +568,7 @@ impl<S: Store> Gate<S> {
                     route,
                     rm,
                     parts,
+                    headers: parts.headers.clone(),
                     body,
                     upstream_key,
                 };
@@ -576,6 +584,7 @@ impl<S: Store> Gate<S> {
             route,
             rm,
             parts,
+            headers,
             body,
             key,
             fp,
@@ -587,7 +596,7 @@ impl<S: Store> Gate<S> {
         let result = lease::renewing(
             route.dedup.lease,
             || self.timed(StoreOp::Renew, self.store.renew(key, token)),
-            trace::forward(&self.upstream, self.outgoing(parts, body, &pq, upstream_key)),
+            trace::forward(&self.upstream, self.outgoing(parts, headers, body, &pq, upstream_key)),
             |event| match event {
                 LeaseEvent::Lost => tracing::warn!(route = &*route.name, key = key.logged(), "lease lost while the upstream call ran"),
                 LeaseEvent::Failed(e) => tracing::warn!(route = &*route.name, key = key.logged(), error = %e, "lease renewal failed"),

@@ -97,7 +97,7 @@ pub async fn replay<S: Store>(
     let call = upstream.forward(Outgoing {
         method: &method,
         path_and_query: &req.path,
-        headers: &headers,
+        headers,
         body: req.body.clone(),
         authority: None,
         idempotency_key: None,

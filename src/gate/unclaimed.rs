@@ -19,6 +19,8 @@ pub(super) struct Unclaimed<'a> {
     pub(super) route: &'a Route,
     pub(super) rm: &'a RouteMetrics,
     pub(super) parts: &'a http::request::Parts,
+    /// The headers to forward (the request's own, moved or copied).
+    pub(super) headers: http::HeaderMap,
     pub(super) body: Bytes,
     /// The `idempotency-key` header, when the request has a key.
     pub(super) upstream_key: Option<HeaderValue>,
@@ -34,21 +36,16 @@ impl<S: Store> Gate<S> {
         route: &Route,
         rm: &RouteMetrics,
         parts: &http::request::Parts,
+        mut headers: http::HeaderMap,
         body: Bytes,
     ) -> (Outcome, Answer) {
-        let mut stripped;
-        let parts = if parts.headers.contains_key("idempotency-key") {
-            stripped = parts.clone();
-            stripped.headers.remove("idempotency-key");
-            &stripped
-        } else {
-            parts
-        };
+        headers.remove("idempotency-key");
         let u = Unclaimed {
             outcome,
             route,
             rm,
             parts,
+            headers,
             body,
             upstream_key: None,
         };
@@ -62,7 +59,7 @@ impl<S: Store> Gate<S> {
             .route
             .upstream_target(u.parts.uri.path(), u.parts.uri.query());
         let t = Instant::now();
-        let out = self.outgoing(u.parts, u.body, &pq, u.upstream_key);
+        let out = self.outgoing(u.parts, u.headers, u.body, &pq, u.upstream_key);
         let result = crate::trace::forward(&self.upstream, out).await;
         u.rm.upstream.observe(t.elapsed().as_secs_f64());
         match result {

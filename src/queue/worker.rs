@@ -430,7 +430,7 @@ impl AsyncMode {
             Outgoing {
                 method: &method,
                 path_and_query: &pq,
-                headers: &headers,
+                headers,
                 body: entry.body.clone(),
                 authority: None,
                 idempotency_key: None,

@@ -36,6 +36,7 @@ mod e2e_sentinel_auth;
 mod e2e_soak;
 mod e2e_tls;
 mod e2e_tracing;
+mod e2e_upstream_conns;
 mod inject;
 mod layering;
 mod pacing_conformance;

@@ -1,6 +1,11 @@
-//! Forwarding to the application: one pooled keep-alive hyper client, the request
-//! passed on byte for byte (minus hop-by-hop headers), the answer read under a size
-//! cap and the upstream timeout.
+//! Forwarding to the application: hyper's own HTTP/1 client over keep-alive
+//! connections kept idle per thread (`pool`), the request passed on byte for byte
+//! (minus hop-by-hop headers), the answer read under a size cap and the upstream timeout.
+
+mod io;
+mod pool;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
@@ -8,9 +13,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+
+use pool::{Pool, PoolLimits};
 
 /// The upstream's answer, read whole.
 #[derive(Debug, Clone)]
@@ -35,7 +39,9 @@ pub struct Outgoing<'a> {
     pub method: &'a Method,
     /// The path (and query) to request on the upstream.
     pub path_and_query: &'a str,
-    pub headers: &'a HeaderMap,
+    /// The request's headers, moved into the forwarded request (hop-by-hop ones are
+    /// dropped in place): no copy per delivery.
+    pub headers: HeaderMap,
     pub body: Bytes,
     /// The original request's authority, sent as `Host` when it came without one (HTTP/2).
     pub authority: Option<&'a str>,
@@ -44,10 +50,13 @@ pub struct Outgoing<'a> {
     pub traceparent: Option<HeaderValue>,
 }
 
+/// The application's address and its keep-alive connections.
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    pool: Pool,
     /// `http://host:port`
     base: String,
+    /// `Host` for a request that has none and no authority: the upstream's own.
+    host: HeaderValue,
     timeout: Duration,
     max_response: usize,
 }
@@ -98,21 +107,24 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 impl Upstream {
     pub fn new(base: &Uri, timeout: Duration, max_response: usize) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .build(connector);
-        let base = format!(
-            "{}://{}",
-            base.scheme_str().unwrap_or("http"),
-            base.authority().map(|a| a.as_str()).unwrap_or("127.0.0.1")
-        );
+        Self::with_limits(base, timeout, max_response, PoolLimits::default())
+    }
+
+    fn with_limits(base: &Uri, timeout: Duration, max_response: usize, limits: PoolLimits) -> Self {
+        let authority = base.authority().map(|a| a.as_str()).unwrap_or("127.0.0.1");
+        let host = base.host().unwrap_or("127.0.0.1");
+        let port = base.port_u16().unwrap_or(80);
+        // What hyper-util's client sent: the host, and the port unless it is 80.
+        let host_header = if port == 80 {
+            host.to_string()
+        } else {
+            format!("{host}:{port}")
+        };
         Upstream {
-            client,
-            base,
+            pool: Pool::new(host, port, limits),
+            base: format!("{}://{authority}", base.scheme_str().unwrap_or("http")),
+            host: HeaderValue::from_str(&host_header)
+                .unwrap_or_else(|_| HeaderValue::from_static("127.0.0.1")),
             timeout,
             max_response,
         }
@@ -125,20 +137,30 @@ impl Upstream {
 
     /// Sends the delivery and reads the answer, all within the upstream timeout.
     pub async fn forward(&self, out: Outgoing<'_>) -> Result<UpstreamResponse, UpstreamError> {
-        let mut uri = String::with_capacity(self.base.len() + out.path_and_query.len());
-        uri.push_str(&self.base);
-        uri.push_str(out.path_and_query);
-        let mut req = Request::builder()
-            .method(out.method.clone())
-            .uri(uri)
-            .body(Full::new(out.body))
-            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+        let req = self.request(out)?;
+        match tokio::time::timeout(self.timeout, self.exchange(req)).await {
+            Ok(r) => r,
+            Err(_) => Err(UpstreamError::Timeout),
+        }
+    }
+
+    /// The request as it goes on the wire: origin-form target, end-to-end headers, `Host`.
+    fn request(&self, out: Outgoing<'_>) -> Result<Request<Full<Bytes>>, UpstreamError> {
+        let target = if out.path_and_query.is_empty() {
+            Uri::from_static("/")
+        } else {
+            Uri::try_from(out.path_and_query)
+                .map_err(|e| UpstreamError::Unreachable(format!("invalid target: {e}")))?
+        };
+        let mut req = Request::new(Full::new(out.body));
+        *req.method_mut() = out.method.clone();
+        *req.uri_mut() = target;
         let headers = req.headers_mut();
-        *headers = end_to_end(out.headers);
-        if !headers.contains_key(header::HOST)
-            && let Some(authority) = out.authority.and_then(|a| HeaderValue::from_str(a).ok())
-        {
-            headers.insert(header::HOST, authority);
+        *headers = out.headers;
+        strip_hop_by_hop(headers);
+        if !headers.contains_key(header::HOST) {
+            let authority = out.authority.and_then(|a| HeaderValue::from_str(a).ok());
+            headers.insert(header::HOST, authority.unwrap_or_else(|| self.host.clone()));
         }
         if let Some(k) = out.idempotency_key {
             headers.insert(HeaderName::from_static("idempotency-key"), k);
@@ -146,48 +168,61 @@ impl Upstream {
         if let Some(t) = out.traceparent {
             headers.insert(HeaderName::from_static("traceparent"), t);
         }
-        let call = async {
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| UpstreamError::Unreachable(format!("{e}{}", source_chain(&e))))?;
-            let (parts, body) = resp.into_parts();
-            if let Some(len) = parts
-                .headers
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                && len > self.max_response as u64
-            {
-                return Err(UpstreamError::TooLarge);
+        Ok(req)
+    }
+
+    /// One exchange: a connection (idle or new), the request (once more on a fresh
+    /// connection when a reused one turned out closed, see `pool::Resend`), the answer
+    /// read whole, the connection kept for the next delivery.
+    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<UpstreamResponse, UpstreamError> {
+        let mut conn = self.pool.conn().await?;
+        let resend = self.pool.resend(&conn, &req);
+        let resp = match conn.send(req).await {
+            Ok(resp) => resp,
+            Err(mut failed) => {
+                let Some(req) = resend.after(&mut failed) else {
+                    return Err(failed.into_unreachable());
+                };
+                conn = self.pool.connect().await?;
+                match conn.send(req).await {
+                    Ok(resp) => resp,
+                    Err(failed) => return Err(failed.into_unreachable()),
+                }
             }
-            let body = Limited::new(body, self.max_response)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.downcast_ref::<http_body_util::LengthLimitError>()
-                        .is_some()
-                    {
-                        UpstreamError::TooLarge
-                    } else {
-                        UpstreamError::Unreachable(e.to_string())
-                    }
-                })?
-                .to_bytes();
-            let mut headers = parts.headers;
-            strip_hop_by_hop(&mut headers);
-            headers.remove(header::CONTENT_LENGTH);
-            Ok(UpstreamResponse {
-                status: parts.status,
-                headers,
-                body,
-            })
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(UpstreamError::Timeout),
+        let (parts, body) = resp.into_parts();
+        if let Some(len) = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            && len > self.max_response as u64
+        {
+            // The connection goes with the unread answer: hyper closes it.
+            return Err(UpstreamError::TooLarge);
         }
+        let body = Limited::new(body, self.max_response)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    UpstreamError::TooLarge
+                } else {
+                    UpstreamError::Unreachable(format!("{e}{}", source_chain(&*e)))
+                }
+            })?
+            .to_bytes();
+        self.pool.idle(conn);
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        headers.remove(header::CONTENT_LENGTH);
+        Ok(UpstreamResponse {
+            status: parts.status,
+            headers,
+            body,
+        })
     }
 }
 
@@ -226,44 +261,5 @@ pub fn decode_headers(bytes: &[u8], into: &mut HeaderMap) {
         if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
             into.append(n, v);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_through_storage() {
-        let mut h = HeaderMap::new();
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        h.append("set-cookie", HeaderValue::from_static("a=1"));
-        h.append("set-cookie", HeaderValue::from_static("b=2: c"));
-        h.insert("x-bin", HeaderValue::from_bytes(b"caf\xe9").unwrap());
-        let mut back = HeaderMap::new();
-        decode_headers(&encode_headers(&h), &mut back);
-        assert_eq!(back, h);
-    }
-
-    #[test]
-    fn hop_by_hop_headers_are_dropped() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, x-conn-only"),
-        );
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-conn-only", HeaderValue::from_static("1"));
-        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("upgrade", HeaderValue::from_static("websocket"));
-        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
-        h.insert("proxy-status", HeaderValue::from_static("edge"));
-        h.insert("proxy-x-tenant", HeaderValue::from_static("acme"));
-        h.insert("host", HeaderValue::from_static("example.com"));
-        h.insert("x-end", HeaderValue::from_static("1"));
-        let e = end_to_end(&h);
-        assert_eq!(e.len(), 2);
-        assert!(e.contains_key("host") && e.contains_key("x-end"));
     }
 }
