@@ -6,7 +6,9 @@
 //!   its replica was frozen and its replication link cut: the sidecars keep answering
 //!   (503 while the slot has no master), and afterwards a copy of a delivery that was
 //!   answered 2xx is not forwarded again with `min_replicas_ack = 1` (without it,
-//!   what the master alone held is lost: counted, reported, not asserted);
+//!   what the master alone held is lost: counted, reported, not asserted); deliveries
+//!   answered 503 are retried on the next sidecar, so a retry may meet a completion
+//!   only the dying master holds (a copy must not be answered 2xx from it);
 //! - the same storm across a planned Sentinel failover (`SENTINEL FAILOVER`): no copy
 //!   of a 2xx-answered delivery is forwarded again, with or without replica acks;
 //! - a Sentinel failover (the master killed, or demoted by `SENTINEL FAILOVER`): the
@@ -98,6 +100,11 @@ pub(crate) struct StormReport {
     sent: usize,
     pub(crate) answered_2xx: usize,
     answered_503: usize,
+    /// Provider retries of a delivery answered 503 (or 409), each to the next sidecar.
+    retried: usize,
+    /// Of those, the ones answered `200 replayed` (from a completion another sidecar
+    /// answered 503).
+    retried_replayed: usize,
     /// Re-sends of 2xx-answered deliveries after the failover that were replayed.
     pub(crate) resent_replayed: usize,
     /// 409s met on the way (a claim left on the promoted node: retried after it).
@@ -143,26 +150,62 @@ fn targets_of(scs: &[Sidecar]) -> Targets {
     )
 }
 
-/// What one sender sent: the delivery, its answer, and when it was sent.
-type Sent = Vec<(Delivery, u16, Instant)>;
+/// One delivery as its sender last saw it.
+struct SentDelivery {
+    d: Delivery,
+    /// The last answer's status.
+    status: u16,
+    /// When the answer was asked for.
+    at: Instant,
+    /// Retries sent after a 503 or 409, and how many of them were answered replayed.
+    retries: usize,
+    replayed_retry: bool,
+    /// How many times the upstream had received it when it was answered 2xx: a later
+    /// receipt is a copy forwarded after a 2xx (one forwarded before, whose answer was
+    /// a 503, is the provider's retry doing its job).
+    receipts_at_answer: usize,
+}
+
+/// What one sender sent.
+type Sent = Vec<SentDelivery>;
+
+/// Provider retries of a delivery answered 503 or 409, before the sender moves on.
+const RETRIES: usize = 3;
+
+/// How many times the upstream received delivery `id`.
+fn receipts(up: &Upstream, id: &str) -> usize {
+    up.requests()
+        .iter()
+        .filter(|r| r.header("webhook-id").as_deref() == Some(id))
+        .count()
+}
 
 /// 12 senders of distinct deliveries over the sidecars, until `stop` (or their cap);
 /// each pauses between deliveries (20 ms, 250 ms after a 503) so that the storm spans
-/// the failover.
-fn start_senders(targets: &Targets, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<Sent>> {
+/// the failover. A delivery answered 503 (or 409, on a retry) is retried like a
+/// provider would, up to [`RETRIES`] times, each time on the next sidecar: a retry
+/// between an unconfirmed completion's 503 and a failover is what may find the
+/// completion on a master that is about to die.
+fn start_senders(
+    targets: &Targets,
+    stop: &Arc<AtomicBool>,
+    up: &Arc<Upstream>,
+) -> Vec<tokio::task::JoinHandle<Sent>> {
     (0..12)
         .map(|w| {
             let targets = targets.clone();
             let stop = stop.clone();
+            let up = up.clone();
             tokio::spawn(async move {
                 let mut seen: Sent = Vec::new();
                 let deadline = Instant::now() + Duration::from_secs(60);
                 let mut i = w;
+                let mut retry: Option<(Delivery, usize)> = None;
                 while !stop.load(Ordering::Relaxed)
                     && seen.len() < PER_SENDER
                     && Instant::now() < deadline
                 {
-                    let d = Delivery::fresh();
+                    let (d, retries) = retry.take().unwrap_or_else(|| (Delivery::fresh(), 0));
                     let (client, url) = &targets[i % targets.len()];
                     i += 1;
                     let at = Instant::now();
@@ -171,8 +214,25 @@ fn start_senders(targets: &Targets, stop: &Arc<AtomicBool>) -> Vec<tokio::task::
                         .unwrap_or_else(|e| panic!("a sidecar did not answer: {e:?}"));
                     // A provider backs off after a 503; this also keeps the storm
                     // going until the deployment has healed.
-                    let pause = if a.status == 503 { 250 } else { 20 };
-                    seen.push((d, a.status, at));
+                    let pause = if a.status == 200 { 20 } else { 250 };
+                    let refused = a.status == 503 || (a.status == 409 && retries > 0);
+                    if refused && retries < RETRIES {
+                        retry = Some((d, retries + 1));
+                    } else {
+                        let receipts_at_answer = match (a.status, retries) {
+                            (200, 0) => 1,
+                            (200, _) => receipts(&up, &d.id),
+                            _ => 0,
+                        };
+                        seen.push(SentDelivery {
+                            d,
+                            status: a.status,
+                            at,
+                            retries,
+                            replayed_retry: retries > 0 && a.replayed(),
+                            receipts_at_answer,
+                        });
+                    }
                     tokio::time::sleep(Duration::from_millis(pause)).await;
                 }
                 seen
@@ -181,9 +241,14 @@ fn start_senders(targets: &Targets, stop: &Arc<AtomicBool>) -> Vec<tokio::task::
         .collect()
 }
 
+/// The storm's application: a plain 200 after `delay`.
+fn upstream_mode(delay: Duration) -> Mode {
+    Mode::Delayed(delay, Box::new(Mode::default_ok()))
+}
+
 /// A running storm: its upstream, sidecars and senders.
 struct Storm {
-    up: Upstream,
+    up: Arc<Upstream>,
     scs: Vec<Sidecar>,
     targets: Targets,
     stop: Arc<AtomicBool>,
@@ -193,15 +258,12 @@ struct Storm {
 impl Storm {
     /// `n` sidecars on `url` with a slightly slow upstream, senders running for a second.
     async fn start(url: &str, n: usize, min_replicas_ack: u32) -> Storm {
-        let up = Upstream::start().await;
-        up.set_mode(Mode::Delayed(
-            Duration::from_millis(5),
-            Box::new(Mode::default_ok()),
-        ));
+        let up = Arc::new(Upstream::start().await);
+        up.set_mode(upstream_mode(Duration::from_millis(5)));
         let scs = storm_sidecars(&up, url, n, min_replicas_ack).await;
         let targets = targets_of(&scs);
         let stop = Arc::new(AtomicBool::new(false));
-        let senders = start_senders(&targets, &stop);
+        let senders = start_senders(&targets, &stop, &up);
         tokio::time::sleep(Duration::from_secs(1)).await;
         Storm {
             up,
@@ -233,17 +295,22 @@ async fn settle_storm(
 ) -> StormReport {
     let mut report = StormReport::default();
     let mut answered: Vec<Delivery> = Vec::new();
+    let mut receipts_at_answer: HashMap<String, usize> = HashMap::new();
     for s in senders {
-        for (d, status, at) in s.await.expect("sender") {
+        for sent in s.await.expect("sender") {
             report.sent += 1;
-            match status {
+            report.retried += sent.retries;
+            report.retried_replayed += usize::from(sent.replayed_retry);
+            match sent.status {
                 200 => {
                     report.answered_2xx += 1;
-                    report.after_switch += usize::from(at > switched);
-                    answered.push(d);
+                    report.after_switch += usize::from(sent.at > switched);
+                    receipts_at_answer.insert(sent.d.id.clone(), sent.receipts_at_answer);
+                    answered.push(sent.d);
                 }
                 503 => report.answered_503 += 1,
-                other => panic!("unexpected answer {other} to a fresh delivery"),
+                409 if sent.retries > 0 => report.answered_503 += 1,
+                other => panic!("unexpected answer {other} to a delivery: {}", sent.d.id),
             }
         }
     }
@@ -308,7 +375,7 @@ async fn settle_storm(
     for d in &answered {
         let n = receipts.get(&d.id).copied().unwrap_or(0);
         assert!(n >= 1, "{} was answered 2xx but never forwarded", d.id);
-        if n > 1 {
+        if n > receipts_at_answer[&d.id] {
             report.slipped += 1;
         }
     }
@@ -344,6 +411,12 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
     let storm = Storm::start(&cluster.url(), 3, min_replicas_ack).await;
     let victim = cluster.live_masters()[0];
     let replica = pid_of_node(cluster.replica_of(victim));
+    // A slower application from a moment before the freeze: most deliveries are then
+    // waiting on it, so some claimed (and confirmed) before the freeze complete after
+    // it, unconfirmed (503), and their retries (to the next sidecar) come while the
+    // master still holds the completion.
+    storm.up.set_mode(upstream_mode(Duration::from_millis(100)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     signal(&replica, "-STOP");
     cli(victim, &["CLIENT", "KILL", "TYPE", "replica"]);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -359,6 +432,7 @@ async fn storm_with_a_master_killed(min_replicas_ack: u32) -> StormReport {
     .unwrap();
     let failover = started.elapsed();
     let switched = Instant::now();
+    storm.up.set_mode(upstream_mode(Duration::from_millis(5)));
     // The killed node comes back empty and rejoins as the new master's replica.
     let cluster = tokio::task::spawn_blocking(move || {
         let mut cluster = cluster;
@@ -392,6 +466,7 @@ async fn master_killed_during_a_storm_with_min_replicas_ack_lets_no_copy_through
     let _heavy = crate::common::exclusive().await;
     let r = storm_with_a_master_killed(1).await;
     assert_eq!(r.slipped, 0, "copies forwarded again: {r:?}");
+    assert!(r.retried > 0, "no provider retry was sent: {r:?}");
     assert!(
         r.after_switch > 0,
         "the storm ended before the failover: {r:?}"

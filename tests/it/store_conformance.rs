@@ -677,7 +677,8 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
 
 /// With `min_replicas_ack`, a claim that no replica confirmed is a store error (the
 /// sidecar answers 503) and its lock is released so the provider's retry is forwarded;
-/// a completion no replica confirmed is an error too (counted as lease lost).
+/// a completion no replica confirmed is an error too (counted as lease lost), and so
+/// is a copy answered from it.
 #[tokio::test]
 async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
     let server = RedisServer::start_new(); // no replicas at all
@@ -695,9 +696,15 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("completion reached 0 of 1"), "{e}");
-    // Copies (not claims) are answered as usual.
+    // A copy of that completion is not answered from it either while no replica
+    // holds it (confirm.rs); a store without replica acks answers it.
+    let e = acked.claim(&k, &fp("a"), None).await.unwrap_err();
+    assert!(
+        e.to_string().contains("completed record reached 0 of 1"),
+        "{e}"
+    );
     assert_eq!(
-        acked.claim(&k, &fp("a"), None).await.unwrap(),
+        plain.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
     );
 }
