@@ -264,7 +264,7 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     let store = TestStore::new(kind);
     let up = Upstream::start().await;
     let hold = Hold::default();
-    up.set_mode(Mode::Held(hold.clone()));
+    up.set_mode(Mode::held(&hold));
     let sc = sidecar(
         &up,
         &store.url(),
@@ -395,8 +395,8 @@ async fn each_route_answers_copies_in_flight_by_its_own_policy(kind: StoreKind) 
     let holds = [Hold::default(), Hold::default()];
     up.push_modes(vec![
         Mode::Stall(Duration::from_secs(2)),
-        Mode::Held(holds[0].clone()),
-        Mode::Held(holds[1].clone()),
+        Mode::held(&holds[0]),
+        Mode::held(&holds[1]),
     ]);
     let sc = sidecar(
         &up,

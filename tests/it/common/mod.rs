@@ -532,8 +532,8 @@ pub enum Mode {
     Stall(Duration),
     /// Answer with the inner mode after the delay.
     Delayed(Duration, Box<Mode>),
-    /// Answer the default 200 once the test releases the hold (see [`Hold`]).
-    Held(Hold),
+    /// Answer with the inner mode once the test releases the hold (see [`Hold`]).
+    Held(Hold, Box<Mode>),
     /// Never answer.
     Hang,
 }
@@ -569,6 +569,11 @@ impl Hold {
 }
 
 impl Mode {
+    /// The default 200, once `hold` is released.
+    pub fn held(hold: &Hold) -> Mode {
+        Mode::Held(hold.clone(), Box::new(Mode::default_ok()))
+    }
+
     pub fn default_ok() -> Mode {
         Mode::Ok {
             status: 200,
@@ -764,7 +769,7 @@ async fn handle(
     // Taken before the request is counted, so a test that saw it counted and then
     // releases the hold releases this request.
     let held_at = match &mode {
-        Mode::Held(h) => h.generation(),
+        Mode::Held(h, _) => h.generation(),
         _ => 0,
     };
     st.reqs.lock().unwrap().push(Recorded {
@@ -783,9 +788,9 @@ async fn handle(
                 tokio::time::sleep(d).await;
                 mode = Mode::default_ok();
             }
-            Mode::Held(h) => {
+            Mode::Held(h, inner) => {
                 h.released_after(held_at).await;
-                mode = Mode::default_ok();
+                mode = *inner;
             }
             Mode::Hang => std::future::pending::<()>().await,
             Mode::Status(n) => {
