@@ -190,3 +190,50 @@ async fn a_copy_of_a_completion_no_replica_holds_is_answered_503() {
     assert!(copy.replayed(), "{copy:?}");
     assert_eq!(up.count(), 1, "the application saw the delivery twice");
 }
+
+/// confirm.lua, the copy's rewrite that `WAIT` then counts: it writes the record only
+/// if it still holds the value the copy read (a replay or a forget since is not
+/// overwritten), and a replica that lacked the record gets it with the master's
+/// expiry, not as a key that never expires (`KEEPTTL` would give it none).
+#[tokio::test]
+async fn a_copys_confirmation_rewrites_only_the_record_it_read_with_its_expiry() {
+    let (master, replica) = replicated();
+    let script = include_str!("../../src/store/redis/scripts/confirm.lua");
+    let (key, value) = ("confirm:{k}:claim", "c|ab|200|0|ok");
+    // Written on the master alone (not replicated), as a completion no replica got.
+    master.cli(&[
+        "EVAL",
+        "redis.set_repl(redis.REPL_NONE) redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)",
+        "1",
+        key,
+        value,
+    ]);
+    assert_eq!(replica.cli(&["EXISTS", key]), "0");
+    // Another value than the one read: nothing written.
+    assert_eq!(
+        master.cli(&["EVAL", script, "1", key, "c|ab|200|0|other"]),
+        "0"
+    );
+    assert_eq!(master.cli(&["GET", key]), value);
+    assert_eq!(replica.cli(&["EXISTS", key]), "0");
+    // The value read: written again, and the replica gets it with an expiry.
+    assert_eq!(master.cli(&["EVAL", script, "1", key, value]), "1");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while replica.cli(&["EXISTS", key]) != "1" {
+        assert!(
+            std::time::Instant::now() < end,
+            "the replica never got the record"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(replica.cli(&["GET", key]), value);
+    let ttl: i64 = replica.cli(&["PTTL", key]).parse().unwrap();
+    assert!(
+        ttl > 0 && ttl <= 60_000,
+        "the replica's copy expires: PTTL {ttl}"
+    );
+    // A record gone meanwhile is not re-created.
+    master.cli(&["DEL", key]);
+    assert_eq!(master.cli(&["EVAL", script, "1", key, value]), "0");
+    assert_eq!(master.cli(&["EXISTS", key]), "0");
+}
