@@ -304,8 +304,10 @@ async fn upstream_too_slow_is_504_and_released(kind: StoreKind) {
 
 async fn copy_while_in_flight_gets_409_with_retry_after(kind: StoreKind) {
     let e = env(kind, |b| b).await;
-    e.up.push_modes(vec![Mode::Delayed(
-        Duration::from_millis(1500),
+    // The application answers once the copy was answered: in flight however slow.
+    let hold = Hold::default();
+    e.up.push_modes(vec![Mode::Held(
+        hold.clone(),
         Box::new(ok_mode(200, r#"{"first":true}"#)),
     )]);
     let d = Delivery::fresh();
@@ -314,6 +316,7 @@ async fn copy_while_in_flight_gets_409_with_retry_after(kind: StoreKind) {
     e.sc.wait_metric("idemgate_in_flight", 1.0).await;
 
     let c = e.sc.send(&d).await;
+    hold.release();
     c.assert_error(409, "in_flight");
     assert!(c.retry_after() >= 1);
     assert!(!c.replayed());
@@ -398,16 +401,20 @@ async fn in_flight_wait_gives_409_after_wait_timeout(kind: StoreKind) {
         b.dedup("in_flight", "wait").dedup("wait_timeout", "1s")
     })
     .await;
-    e.up.push_modes(vec![Mode::Stall(Duration::from_millis(2500))]);
+    // The application answers once the copy was answered, so only `wait_timeout` can
+    // end the copy's wait (else it would wait until the client gives up).
+    let hold = Hold::default();
+    e.up.push_modes(vec![Mode::held(&hold)]);
     let d = Delivery::fresh();
     let first = e.sc.send_spawned(&d);
     e.up.wait_for_count(1, 5 * SEC).await;
 
     let c = e.sc.send(&d).await;
+    hold.release();
     c.assert_error(409, "in_flight");
     assert!(c.retry_after() >= 1);
     assert!(
-        c.elapsed >= Duration::from_millis(900) && c.elapsed < Duration::from_millis(2300),
+        c.elapsed >= Duration::from_millis(900) && c.elapsed < Duration::from_secs(10),
         "the copy should be held ~wait_timeout (1s), was {:?}",
         c.elapsed
     );

@@ -137,3 +137,103 @@ async fn a_lost_claim_taken_by_another_is_answered_503_with_replica_acks() {
     assert!(retry.replayed(), "the provider's retry was forwarded again");
     assert_eq!(up.count(), 2);
 }
+
+/// The process id of a redis-server (asked while it answers: a frozen one cannot say).
+fn pid_of(server: &RedisServer) -> u32 {
+    server
+        .cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:")?.parse().ok())
+        .expect("the server's process_id")
+}
+
+/// A completion no replica confirmed (the replica frozen: SIGSTOP) is answered 503 by
+/// its sidecar; the provider's retry to a second sidecar finds the completed record on
+/// the master, and must get 503 too while the replica lacks it (a failover now would
+/// forget it, and the next copy would be forwarded after a 2xx). Once the replica
+/// has caught up, copies are replayed. Before confirm.rs the retry got `200 replayed`.
+#[tokio::test]
+async fn a_copy_of_a_completion_no_replica_holds_is_answered_503() {
+    let (master, replica) = replicated();
+    let up = Upstream::start().await;
+    up.push_modes(vec![Mode::Stall(Duration::from_secs(1))]);
+    let acked = |b: SidecarBuilder| {
+        b.store_raw("min_replicas_ack", "1")
+            .store_opt("replicas_ack_timeout", "200ms")
+    };
+    let a = acked(sidecar(&up, &master.url())).start().await;
+    let b = acked(sidecar(&up, &master.url())).start().await;
+    let d = Delivery::fresh();
+    let first = a.send_spawned(&d);
+    up.wait_for_count(1, Duration::from_secs(5)).await;
+    // The claim was confirmed; the completion will not be.
+    let replica_pid = pid_of(&replica);
+    signal(replica_pid, "-STOP");
+    let first = first.await.expect("first delivery");
+    first.assert_error(503, "store_unavailable");
+    let retry = b.send(&d).await;
+    signal(replica_pid, "-CONT");
+    retry.assert_error(503, "store_unavailable");
+    assert!(retry.retry_after() >= 1, "{retry:?}");
+    assert!(!retry.replayed());
+    // Thawed, the replica receives the record: a copy is then replayed (the copy's own
+    // rewrite of the record is what `WAIT` counts).
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    let copy = loop {
+        let copy = b.send(&d).await;
+        if copy.status != 503 || std::time::Instant::now() > end {
+            break copy;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(copy.status, 200, "{}", copy.text());
+    assert!(copy.replayed(), "{copy:?}");
+    assert_eq!(up.count(), 1, "the application saw the delivery twice");
+}
+
+/// confirm.lua, the copy's rewrite that `WAIT` then counts: it writes the record only
+/// if it still holds the value the copy read (a replay or a forget since is not
+/// overwritten), and a replica that lacked the record gets it with the master's
+/// expiry, not as a key that never expires (`KEEPTTL` would give it none).
+#[tokio::test]
+async fn a_copys_confirmation_rewrites_only_the_record_it_read_with_its_expiry() {
+    let (master, replica) = replicated();
+    let script = include_str!("../../src/store/redis/scripts/confirm.lua");
+    let (key, value) = ("confirm:{k}:claim", "c|ab|200|0|ok");
+    // Written on the master alone (not replicated), as a completion no replica got.
+    master.cli(&[
+        "EVAL",
+        "redis.set_repl(redis.REPL_NONE) redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)",
+        "1",
+        key,
+        value,
+    ]);
+    assert_eq!(replica.cli(&["EXISTS", key]), "0");
+    // Another value than the one read: nothing written.
+    assert_eq!(
+        master.cli(&["EVAL", script, "1", key, "c|ab|200|0|other"]),
+        "0"
+    );
+    assert_eq!(master.cli(&["GET", key]), value);
+    assert_eq!(replica.cli(&["EXISTS", key]), "0");
+    // The value read: written again, and the replica gets it with an expiry.
+    assert_eq!(master.cli(&["EVAL", script, "1", key, value]), "1");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while replica.cli(&["EXISTS", key]) != "1" {
+        assert!(
+            std::time::Instant::now() < end,
+            "the replica never got the record"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(replica.cli(&["GET", key]), value);
+    let ttl: i64 = replica.cli(&["PTTL", key]).parse().unwrap();
+    assert!(
+        ttl > 0 && ttl <= 60_000,
+        "the replica's copy expires: PTTL {ttl}"
+    );
+    // A record gone meanwhile is not re-created.
+    master.cli(&["DEL", key]);
+    assert_eq!(master.cli(&["EVAL", script, "1", key, value]), "0");
+    assert_eq!(master.cli(&["EXISTS", key]), "0");
+}

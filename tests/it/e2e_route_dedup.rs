@@ -139,24 +139,38 @@ async fn routes_keep_and_forget_on_their_own_schedules_on_redis() {
     routes_keep_and_forget_on_their_own_schedules(StoreKind::Redis).await;
 }
 
-/// Once the application has its `calls`-th call (one of `sync`'s) and `sync`'s 1 s
-/// lease has passed, a copy of `d` is still refused (the claim was renewed at the
-/// route's pace, not the default's every 10 s) and told to come back within that
-/// lease.
-async fn copy_held_past_the_short_lease(sc: &Sidecar, up: &Upstream, d: &Delivery, calls: usize) {
+/// Once the application has its `calls`-th call (one of `sync`'s, held by `hold`) and
+/// `sync`'s 1 s lease has passed, a copy of `d` is still refused (the claim was renewed
+/// at the route's pace, not the default's every 10 s) and told to come back within
+/// that lease; then the application answers.
+async fn copy_held_past_the_short_lease(
+    sc: &Sidecar,
+    up: &Upstream,
+    d: &Delivery,
+    calls: usize,
+    hold: &Hold,
+) {
     up.wait_for_count(calls, Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let copy = sc.send(d).await;
+    hold.release();
     copy.assert_error(409, "in_flight");
     assert!(copy.retry_after() <= 1, "{copy:?}");
 }
 
-/// Once the application has its `calls`-th call (one of `long`'s), a copy of `d` is
-/// refused and told to come back after most of `long`'s 60 s lease (the `[dedup]`
-/// lease, 30 s, could never say more than 30).
-async fn copy_waits_for_the_long_lease(sc: &Sidecar, up: &Upstream, d: &Delivery, calls: usize) {
+/// Once the application has its `calls`-th call (one of `long`'s, held by `hold`), a
+/// copy of `d` is refused and told to come back after most of `long`'s 60 s lease (the
+/// `[dedup]` lease, 30 s, could never say more than 30); then the application answers.
+async fn copy_waits_for_the_long_lease(
+    sc: &Sidecar,
+    up: &Upstream,
+    d: &Delivery,
+    calls: usize,
+    hold: &Hold,
+) {
     up.wait_for_count(calls, Duration::from_secs(5)).await;
     let copy = sc.send(d).await;
+    hold.release();
     copy.assert_error(409, "in_flight");
     assert!(copy.retry_after() >= 40, "{copy:?}");
 }
@@ -240,7 +254,8 @@ async fn page_replay(sc: &Sidecar, route: &str, key: &str) -> tokio::task::JoinH
 }
 
 /// `sync` and `queued` (async) hold their claims 1 s, `long` 60 s, `[dedup]` says 30 s;
-/// the application takes 3 s to answer each call. A claim renewed at the default's
+/// the application answers each call only once the test has seen what it needs while
+/// the call is in flight (the copies after 1.5 s, the queued call after 3 s). A claim renewed at the default's
 /// pace (every 10 s) would lapse under a 1 s lease and let a copy through (sync) or
 /// lose the worker's delivery (async), and an operator's replay (API, console page,
 /// bulk job, CLI) holds and renews the route's lease the same way; `long`'s copies are
@@ -248,7 +263,8 @@ async fn page_replay(sc: &Sidecar, route: &str, key: &str) -> tokio::task::JoinH
 async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     let store = TestStore::new(kind);
     let up = Upstream::start().await;
-    up.set_mode(Mode::Stall(Duration::from_secs(3)));
+    let hold = Hold::default();
+    up.set_mode(Mode::held(&hold));
     let sc = sidecar(
         &up,
         &store.url(),
@@ -270,7 +286,7 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     // within it.
     let synced = to("sync");
     let first = sc.send_spawned(&synced);
-    copy_held_past_the_short_lease(&sc, &up, &synced, 1).await;
+    copy_held_past_the_short_lease(&sc, &up, &synced, 1, &hold).await;
     let first = first.await.unwrap();
     assert_eq!(first.status, 200, "{}", first.text());
     assert!(sc.send(&synced).await.replayed());
@@ -279,18 +295,18 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     // long: a copy is told to come back after most of its 60 s lease.
     let d = to("long");
     let first = sc.send_spawned(&d);
-    copy_waits_for_the_long_lease(&sc, &up, &d, 2).await;
+    copy_waits_for_the_long_lease(&sc, &up, &d, 2, &hold).await;
     assert_eq!(first.await.unwrap().status, 200);
 
     // An operator's replay of the sync delivery holds (and renews) the route's 1 s
     // lease: through the API, ...
     let path = format!("{}/replay", delivery_path("sync", &synced.id));
     let replay = post_admin(&sc, &path, None);
-    copy_held_past_the_short_lease(&sc, &up, &synced, 3).await;
+    copy_held_past_the_short_lease(&sc, &up, &synced, 3, &hold).await;
     assert_eq!(replay.await.unwrap().unwrap().0, 200);
     // ... from the console page, ...
     let replay = page_replay(&sc, "sync", &synced.id).await;
-    copy_held_past_the_short_lease(&sc, &up, &synced, 4).await;
+    copy_held_past_the_short_lease(&sc, &up, &synced, 4, &hold).await;
     let status = replay.await.unwrap();
     assert!(status < 400, "the page's replay answered {status}");
     // ... in a bulk job, ...
@@ -301,7 +317,7 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
         .unwrap()
         .unwrap();
     assert_eq!(status, 202, "{started}");
-    copy_held_past_the_short_lease(&sc, &up, &synced, 5).await;
+    copy_held_past_the_short_lease(&sc, &up, &synced, 5, &hold).await;
     let id = started["id"].as_str().unwrap().to_string();
     let end = Instant::now() + Duration::from_secs(15);
     loop {
@@ -327,7 +343,7 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
                 .success()
         });
         calls += 1;
-        copy_held_past_the_short_lease(&sc, &up, &synced, calls).await;
+        copy_held_past_the_short_lease(&sc, &up, &synced, calls, &hold).await;
         assert!(replay.await.unwrap(), "the CLI's replay failed");
     }
     // No copy got through: every call was the delivery or a replay.
@@ -340,6 +356,8 @@ async fn sync_and_async_routes_hold_their_own_leases(kind: StoreKind) {
     assert_eq!(ack.status, 200, "{}", ack.text());
     calls += 1;
     up.wait_for_count(calls, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    hold.release();
     let end = Instant::now() + Duration::from_secs(15);
     loop {
         let (status, json) = shown(&sc, "queued", &d).await;
@@ -371,7 +389,15 @@ async fn sync_and_async_routes_hold_their_own_leases_on_redis() {
 async fn each_route_answers_copies_in_flight_by_its_own_policy(kind: StoreKind) {
     let store = TestStore::new(kind);
     let up = Upstream::start().await;
-    up.set_mode(Mode::Stall(Duration::from_secs(2)));
+    // `waits`'s call takes 2 s (its copy waits for it, or finds it done: 200 either
+    // way); the others' calls are held until their copy was answered, so the copy
+    // finds them in flight however slow the machine.
+    let holds = [Hold::default(), Hold::default()];
+    up.push_modes(vec![
+        Mode::Stall(Duration::from_secs(2)),
+        Mode::held(&holds[0]),
+        Mode::held(&holds[1]),
+    ]);
     let sc = sidecar(
         &up,
         &store.url(),
@@ -397,6 +423,7 @@ async fn each_route_answers_copies_in_flight_by_its_own_policy(kind: StoreKind) 
             assert_eq!(copy.status, 200, "{name}: {}", copy.text());
             assert!(copy.replayed(), "{name}: the copy was forwarded");
         } else {
+            holds[n - 1].release();
             copy.assert_error(409, "in_flight");
         }
         assert_eq!(first.await.unwrap().status, 200, "{name}");

@@ -29,6 +29,15 @@ const SHORT_LEASE: Lifetimes = Lifetimes {
     lease: Duration::from_millis(300),
     retention: Duration::from_secs(3600),
 };
+/// For cases that need a claim held across several calls or renewals: long enough that
+/// a busy machine's scheduling delays (hundreds of ms) never lapse it, short enough to
+/// lapse within a case.
+const RENEWED_LEASE: Lifetimes = Lifetimes {
+    lease: Duration::from_millis(1500),
+    retention: Duration::from_secs(3600),
+};
+/// How often the renewal cases renew a [`RENEWED_LEASE`] claim.
+const RENEW_EVERY: Duration = Duration::from_millis(100);
 
 pub(crate) fn fp(s: &str) -> Fingerprint {
     fingerprint_body(s.as_bytes())
@@ -168,10 +177,12 @@ async fn an_expired_owner_cannot_touch_the_next_owners_claim<S: Store>(s: S) {
 
 async fn renewal_keeps_a_live_claim_past_its_lease<S: Store>(s: S) {
     let k = key("evt_5");
+    let started = tokio::time::Instant::now();
     let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
-    // Renew every 75 ms for well over three leases; no copy may claim meanwhile.
-    for _ in 0..16 {
-        tokio::time::sleep(Duration::from_millis(75)).await;
+    // Renew every 100 ms (of a 1.5 s lease) until two leases have passed; no copy may
+    // claim meanwhile.
+    while started.elapsed() < 2 * RENEWED_LEASE.lease {
+        tokio::time::sleep(RENEW_EVERY).await;
         assert!(s.renew(&k, t).await.unwrap());
         assert!(matches!(
             s.claim(&k, &fp("a"), None).await.unwrap(),
@@ -287,13 +298,14 @@ async fn keys_with_braces_and_unicode_are_separate<S: Store>(s: S) {
 /// An upstream call that outlives `retention` (renewed all along): the record lives
 /// as long as the claim, so the completion keeps the payload fingerprint (copies get
 /// the answer, not a mismatch) and a release keeps a record that expires. `s` keeps
-/// deliveries for 300 ms with a 300 ms lease.
+/// deliveries for 1 s with a 1.5 s lease, renewed every 100 ms for 1.5 retentions.
 async fn a_call_outliving_retention_keeps_its_record<S: Store>(s: S) {
     for (name, completes) in [("evt_long_done", true), ("evt_long_released", false)] {
         let k = key(name);
+        let started = tokio::time::Instant::now();
         let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
-        for _ in 0..10 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        while started.elapsed() < Duration::from_millis(1500) {
+            tokio::time::sleep(RENEW_EVERY).await;
             assert!(s.renew(&k, t).await.unwrap());
         }
         let r = s
@@ -321,7 +333,7 @@ async fn a_call_outliving_retention_keeps_its_record<S: Store>(s: S) {
 }
 
 /// Route `brief` keeps its keys 300 ms, `mid` 2.5 s, every other route `LONG`'s hour;
-/// `quick` holds its claims 300 ms, every other route `LONG`'s 30 s.
+/// `quick` holds its claims 1.5 s, every other route `LONG`'s 30 s.
 fn per_route() -> RouteLifetimes {
     let keep = |retention| Lifetimes {
         lease: Duration::from_secs(30),
@@ -330,7 +342,7 @@ fn per_route() -> RouteLifetimes {
     RouteLifetimes::from(LONG)
         .with_route("brief", keep(Duration::from_millis(300)))
         .with_route("mid", keep(Duration::from_millis(2500)))
-        .with_route("quick", SHORT_LEASE)
+        .with_route("quick", RENEWED_LEASE)
 }
 
 /// Claims (logged, as the gate does) and completes `k`.
@@ -388,7 +400,7 @@ async fn each_route_keeps_its_keys_for_its_own_retention<S: Store>(s: S) {
 }
 
 /// Each route's claims hold (and renew for) that route's lease (`per_route`): a
-/// crashed claimer's `quick` key frees after 300 ms, another route's stays held.
+/// crashed claimer's `quick` key frees after 1.5 s, another route's stays held.
 async fn each_route_holds_its_claims_for_its_own_lease<S: Store>(s: S) {
     let (quick, other) = (
         DeliveryKey::new("quick", "evt"),
@@ -403,7 +415,7 @@ async fn each_route_holds_its_claims_for_its_own_lease<S: Store>(s: S) {
     assert!(s.renew(&quick, tq).await.unwrap());
     assert!(s.renew(&other, to).await.unwrap());
     let r = remaining(s.claim(&quick, &fp("a"), None).await.unwrap());
-    assert!(r <= Duration::from_millis(300), "{r:?}");
+    assert!(r <= RENEWED_LEASE.lease, "{r:?}");
     let r = remaining(s.claim(&other, &fp("a"), None).await.unwrap());
     assert!(r > Duration::from_secs(20), "{r:?}");
     // Neither is renewed again: `quick`'s claim lapses, `other`'s holds.
@@ -474,14 +486,14 @@ conformance! {
     first_claim_wins_and_copies_see_in_flight => LONG,
     completion_is_replayed_and_counted => LONG,
     release_lets_the_next_copy_claim => LONG,
-    an_expired_owner_cannot_touch_the_next_owners_claim => SHORT_LEASE,
-    renewal_keeps_a_live_claim_past_its_lease => SHORT_LEASE,
+    an_expired_owner_cannot_touch_the_next_owners_claim => RENEWED_LEASE,
+    renewal_keeps_a_live_claim_past_its_lease => RENEWED_LEASE,
     a_crashed_claimers_key_frees_after_the_lease => SHORT_LEASE,
     wait_for_returns_the_first_ones_answer => LONG,
     concurrent_claims_have_exactly_one_winner => LONG,
     retention_forgets_completed_keys => Lifetimes { lease: Duration::from_secs(30), retention: Duration::from_millis(400) },
     keys_with_braces_and_unicode_are_separate => LONG,
-    a_call_outliving_retention_keeps_its_record => Lifetimes { lease: Duration::from_millis(300), retention: Duration::from_millis(300) },
+    a_call_outliving_retention_keeps_its_record => Lifetimes { lease: Duration::from_millis(1500), retention: Duration::from_millis(1000) },
     each_route_keeps_its_keys_for_its_own_retention => per_route(),
     each_route_holds_its_claims_for_its_own_lease => per_route(),
 }
@@ -677,7 +689,8 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
 
 /// With `min_replicas_ack`, a claim that no replica confirmed is a store error (the
 /// sidecar answers 503) and its lock is released so the provider's retry is forwarded;
-/// a completion no replica confirmed is an error too (counted as lease lost).
+/// a completion no replica confirmed is an error too (counted as lease lost), and so
+/// is a copy answered from it.
 #[tokio::test]
 async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
     let server = RedisServer::start_new(); // no replicas at all
@@ -695,9 +708,15 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("completion reached 0 of 1"), "{e}");
-    // Copies (not claims) are answered as usual.
+    // A copy of that completion is not answered from it either while no replica
+    // holds it (confirm.rs); a store without replica acks answers it.
+    let e = acked.claim(&k, &fp("a"), None).await.unwrap_err();
+    assert!(
+        e.to_string().contains("completed record reached 0 of 1"),
+        "{e}"
+    );
     assert_eq!(
-        acked.claim(&k, &fp("a"), None).await.unwrap(),
+        plain.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
     );
 }
@@ -708,18 +727,21 @@ async fn redis_min_replicas_ack_refuses_what_no_replica_confirmed() {
 /// re-created without a TTL.
 #[tokio::test]
 async fn redis_no_script_leaves_a_key_without_a_ttl() {
+    // A lease long enough that no claim lapses between the calls below on a busy
+    // machine; renewals carry the first claim past the retention.
     let lifetimes = Lifetimes {
-        lease: Duration::from_millis(300),
-        retention: Duration::from_millis(300),
+        lease: Duration::from_millis(1500),
+        retention: Duration::from_millis(1000),
     };
     let server = RedisServer::start_new();
     let s = RedisStore::new(&server.url(), "ttl", lifetimes, Duration::from_secs(1)).unwrap();
     let pttl = |k: &DeliveryKey| -> i64 { server.cli(&["PTTL", &s.state_key(k)]).parse().unwrap() };
     // Renewed past retention, then released: the hash lives and still expires.
     let k = key("evt_ttl_release");
+    let started = tokio::time::Instant::now();
     let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while started.elapsed() < Duration::from_millis(1500) {
+        tokio::time::sleep(RENEW_EVERY).await;
         assert!(s.renew(&k, t).await.unwrap());
     }
     assert!(pttl(&k) > 0, "the hash of a renewed claim: {}", pttl(&k));

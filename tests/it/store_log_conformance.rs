@@ -395,14 +395,16 @@ async fn stale_members_on_top_hide_no_live_delivery<S: Store>(s: S) {
 
 /// A walk of the list, page by page, while new deliveries keep arriving (from another
 /// task), copies of listed and not yet listed ones are answered, and older ones expire
-/// (`s` keeps deliveries for 5 s): every delivery that lived when the walk began and
-/// still lives is listed exactly once, newest first, and none twice.
+/// (`s` keeps deliveries for [`WALK_RETENTION`]): every delivery that lived when the
+/// walk began and still lives is listed exactly once, newest first, and none twice.
+/// The old ones are made 4 s before the live ones; the walk lists a few pages, waits
+/// until the old ones are gone (their state, not a guess of the walk's speed), then
+/// goes on: the live ones then have 4 s left for about 20 pages.
 async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire<
     S: Store + Clone,
 >(
     s: S,
 ) {
-    let start = tokio::time::Instant::now();
     let deliver = |s: S, k: DeliveryKey| async move {
         let t = claimed(s.claim(&k, &fp("x"), LOGGED).await.unwrap());
         let done = settled("forwarded", Some(200), false);
@@ -428,16 +430,20 @@ async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_exp
             }
         }
     };
-    batch("old", 40).await; // expire at about 5 s, during the walk
-    tokio::time::sleep_until(start + Duration::from_millis(3000)).await;
-    batch("live", 120).await; // live until 8 s at least
+    batch("old", 40).await; // expire during the walk (awaited below)
+    let old_done = tokio::time::Instant::now();
+    tokio::time::sleep_until(old_done + Duration::from_secs(4)).await;
+    let live_start = tokio::time::Instant::now();
+    batch("live", 120).await; // live until `live_start + WALK_RETENTION` at least
     let live: Vec<String> = (0..120).map(|i| format!("live_{i:03}")).collect();
-    // Arrivals during the walk: at most 300, until 7 s.
+    // Arrivals during the walk: at most 300, until the walk ends.
+    let walking = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let arriving = {
         let s = s.clone();
+        let walking = walking.clone();
         tokio::spawn(async move {
             for i in 0..300 {
-                if start.elapsed() > Duration::from_secs(7) {
+                if !walking.load(std::sync::atomic::Ordering::Relaxed) {
                     break;
                 }
                 deliver(s.clone(), DeliveryKey::new("walk", format!("new_{i:03}"))).await;
@@ -445,7 +451,7 @@ async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_exp
             }
         })
     };
-    tokio::time::sleep_until(start + Duration::from_millis(3500)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut q = ListQuery {
         routes: vec!["walk".into()],
         limit: 6,
@@ -471,13 +477,33 @@ async fn a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_exp
             Some(c) => q.cursor = Some(c),
             None => break,
         }
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        if page_no == 3 {
+            // The old ones expire now, mid-walk, behind the cursor's next pages.
+            tokio::time::sleep_until(old_done + WALK_RETENTION).await;
+            for i in 0..40 {
+                let k = DeliveryKey::new("walk", format!("old_{i:03}"));
+                let end = tokio::time::Instant::now() + Duration::from_secs(5);
+                while s.log_entry(&k).await.unwrap().is_some() {
+                    assert!(tokio::time::Instant::now() < end, "{k:?} never expired");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let walked = start.elapsed();
+    walking.store(false, std::sync::atomic::Ordering::Relaxed);
     arriving.await.unwrap();
+    // The case's premise: the live ones outlived the walk (it ended within their
+    // retention). Checked on their state, which a slower walk would change.
+    let oldest_live = DeliveryKey::new("walk", "live_000");
     assert!(
-        walked > Duration::from_millis(5000) && walked < Duration::from_millis(7800),
-        "the walk ended at {walked:?}, not between the old ones' expiry and the live ones': too fast or slow a machine for this test"
+        s.log_entry(&oldest_live).await.unwrap().is_some(),
+        "the live deliveries expired before the walk ended ({:?} after they were made)",
+        live_start.elapsed()
+    );
+    assert!(
+        page_no > 3,
+        "the walk ended before the old ones expired ({page_no} pages)"
     );
     let keys: Vec<&str> = seen.iter().map(|(_, k)| k.as_str()).collect();
     let mut unique = keys.clone();
@@ -655,9 +681,12 @@ async fn a_narrow_filter_over_a_long_index_answers_partial_pages<S: Store + Clon
     assert!(pages >= 2, "{pages} pages");
 }
 
-const RETAIN_5S: Lifetimes = Lifetimes {
+/// The cursor walk's retention: the old deliveries' expiry is awaited mid-walk, and
+/// the live ones, made 4 s later, must outlive the rest of the walk.
+const WALK_RETENTION: Duration = Duration::from_secs(8);
+const RETAIN_WALK: Lifetimes = Lifetimes {
     lease: Duration::from_secs(30),
-    retention: Duration::from_secs(5),
+    retention: WALK_RETENTION,
 };
 
 const SHORT: Lifetimes = Lifetimes {
@@ -948,12 +977,14 @@ async fn a_release_right_after_the_claim_keeps_its_outcome<S: Store>(s: S) {
 
 /// A replay of a completed key near the end of its retention that fails keeps the old
 /// answer for a whole retention from the replay: copies are not forwarded again when
-/// the original retention ends. `s`: 300 ms lease, 1 s retention.
+/// the original retention ends. `s`: 1.5 s lease, 3 s retention.
 async fn a_failed_replay_near_expiry_keeps_the_answer_a_retention<S: Store>(s: S) {
     let k = key("evt_replay_near_expiry");
     let t = claimed(s.claim(&k, &fp("a"), LOGGED).await.unwrap());
     assert!(s.complete(&k, t, &response(b"one"), None).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(700)).await; // 300 ms of retention left
+    let done = tokio::time::Instant::now();
+    let retention = LEASE_1500MS_RETENTION_3S.retention;
+    tokio::time::sleep_until(done + retention * 2 / 3).await; // 1 s of retention left
     let op = claimed(s.claim(&k, &fp("a"), REPLAY).await.unwrap());
     assert!(
         s.release(
@@ -964,7 +995,8 @@ async fn a_failed_replay_near_expiry_keeps_the_answer_a_retention<S: Store>(s: S
         .await
         .unwrap()
     );
-    tokio::time::sleep(Duration::from_millis(500)).await; // past the original retention
+    // Past the original retention, well within one from the replay.
+    tokio::time::sleep_until(done + retention + Duration::from_millis(300)).await;
     assert_eq!(
         s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"one"))
@@ -999,22 +1031,23 @@ async fn redis_a_release_before_the_claims_log_write_keeps_its_outcome() {
     );
 }
 
-const LEASE_300MS_RETENTION_1S: Lifetimes = Lifetimes {
-    lease: Duration::from_millis(300),
-    retention: Duration::from_secs(1),
+/// Margins of a second or more around the retention's end, for a busy machine.
+const LEASE_1500MS_RETENTION_3S: Lifetimes = Lifetimes {
+    lease: Duration::from_millis(1500),
+    retention: Duration::from_secs(3),
 };
 
 both!(
     stores:
     a_release_right_after_the_claim_keeps_its_outcome => LIFETIMES,
-    a_failed_replay_near_expiry_keeps_the_answer_a_retention => LEASE_300MS_RETENTION_1S,
+    a_failed_replay_near_expiry_keeps_the_answer_a_retention => LEASE_1500MS_RETENTION_3S,
     claim_complete_release_are_recorded => LIFETIMES,
     a_forced_claim_reclaims_completed_but_never_a_live_claim => LIFETIMES,
     forget_frees_a_key_but_not_a_live_claim => LIFETIMES,
     the_recent_list_pages_newest_first_and_filters => LIFETIMES,
     a_reclaimed_delivery_stays_listed_while_it_lives => SHORT,
     stale_members_on_top_hide_no_live_delivery => RETAIN_4S,
-    a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire => RETAIN_5S,
+    a_cursor_neither_skips_nor_repeats_while_deliveries_arrive_copy_and_expire => RETAIN_WALK,
     filters_find_what_the_words_say => LIFETIMES,
     a_narrow_filter_over_a_long_index_answers_partial_pages => LIFETIMES,
     a_replay_that_never_settles_leaves_the_old_answer => SHORT_LEASE,

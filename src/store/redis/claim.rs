@@ -111,13 +111,19 @@ impl RedisStore {
             }
             Found::Processing { .. } => return self.in_flight(&keys.record).await,
             Found::Queued { .. } => Claim::Queued,
-            Found::Completed { response, .. } => Claim::Completed(response),
+            Found::Completed { response, .. } => {
+                let raw = replies.first().and_then(bytes_of);
+                self.confirm_completed(&keys.record, raw).await?;
+                Claim::Completed(response)
+            }
             Found::Replaying { response, .. } => {
                 // One read says both whether the replay holds the key and for how long.
                 let remaining = self.pttl(&keys.lock).await?;
                 if remaining > 0 {
                     return Ok(in_flight(remaining));
                 }
+                let raw = replies.first().and_then(bytes_of);
+                self.confirm_completed(&keys.record, raw).await?;
                 Claim::Completed(response)
             }
         };

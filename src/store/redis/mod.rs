@@ -21,7 +21,8 @@
 //! pipeline is routed explicitly to the master of the script's slot), and count only
 //! when N replicas confirmed them; otherwise both are a store error: the claim's lock
 //! is released in the background, and the completion is answered 503, never 2xx (see
-//! `Store::confirms_completions`).
+//! `Store::confirms_completions`). A copy answered from a completed record confirms it
+//! on the replicas first (`confirm`).
 
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ use connection::Connection;
 mod claim;
 /// A `redis://` server in cluster mode.
 mod cluster_mode;
+/// Copies answered from a completed record, confirmed on the replicas first.
+mod confirm;
 pub mod connection;
 /// Operators' bulk jobs (`store::jobs`).
 mod jobs;

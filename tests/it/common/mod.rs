@@ -532,11 +532,48 @@ pub enum Mode {
     Stall(Duration),
     /// Answer with the inner mode after the delay.
     Delayed(Duration, Box<Mode>),
+    /// Answer with the inner mode once the test releases the hold (see [`Hold`]).
+    Held(Hold, Box<Mode>),
     /// Never answer.
     Hang,
 }
 
+/// Holds the upstream's answers to the requests that arrived before its next
+/// [`release`](Hold::release), so a test that needs a call still in flight waits for
+/// nothing but its own step, not a wall-clock margin.
+#[derive(Clone, Debug)]
+pub struct Hold(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl Hold {
+    /// Answers every request held so far; later ones are held again.
+    pub fn release(&self) {
+        self.0.send_modify(|g| *g += 1);
+    }
+
+    /// The current generation, taken when a request arrives.
+    fn generation(&self) -> u64 {
+        *self.0.borrow()
+    }
+
+    /// Waits until the generation passes `g`.
+    async fn released_after(&self, g: u64) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|v| *v > g).await;
+    }
+}
+
 impl Mode {
+    /// The default 200, once `hold` is released.
+    pub fn held(hold: &Hold) -> Mode {
+        Mode::Held(hold.clone(), Box::new(Mode::default_ok()))
+    }
+
     pub fn default_ok() -> Mode {
         Mode::Ok {
             status: 200,
@@ -727,14 +764,20 @@ async fn handle(
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| parts.uri.path().to_string());
+    let queued = st.queue.lock().unwrap().pop_front();
+    let mut mode = queued.unwrap_or_else(|| st.mode.lock().unwrap().clone());
+    // Taken before the request is counted, so a test that saw it counted and then
+    // releases the hold releases this request.
+    let held_at = match &mode {
+        Mode::Held(h, _) => h.generation(),
+        _ => 0,
+    };
     st.reqs.lock().unwrap().push(Recorded {
         method: parts.method.to_string(),
         path_and_query,
         headers: parts.headers,
         body,
     });
-    let queued = st.queue.lock().unwrap().pop_front();
-    let mut mode = queued.unwrap_or_else(|| st.mode.lock().unwrap().clone());
     loop {
         match mode {
             Mode::Delayed(d, inner) => {
@@ -744,6 +787,10 @@ async fn handle(
             Mode::Stall(d) => {
                 tokio::time::sleep(d).await;
                 mode = Mode::default_ok();
+            }
+            Mode::Held(h, inner) => {
+                h.released_after(held_at).await;
+                mode = *inner;
             }
             Mode::Hang => std::future::pending::<()>().await,
             Mode::Status(n) => {
