@@ -183,7 +183,9 @@ impl MemoryStore {
 
     /// Creates the store; inside a tokio runtime it also starts a sweeper that drops
     /// expired entries once a second, a batch per shard lock, so memory follows
-    /// retention and no delivery waits behind a sweep of the whole map.
+    /// retention and no delivery waits behind a sweep of the whole map: those at each
+    /// shard's front, then a batch behind its first live one (a pass over every entry
+    /// every `entries / 32,768` seconds).
     pub fn with_options(options: MemoryOptions) -> Self {
         let drift = later(0, options.lifetimes.default().lease);
         let inner = Arc::new(Table::new(options.max_memory, drift, options.journal));
@@ -207,6 +209,8 @@ impl MemoryStore {
                             }
                             tokio::task::yield_now().await;
                         }
+                        // Behind the first live mark, a batch per second and shard.
+                        table.sweep_behind(i, unix_millis());
                     }
                 }
             });

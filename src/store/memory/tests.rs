@@ -185,6 +185,39 @@ async fn an_expired_entry_is_not_loaded() {
     );
 }
 
+/// Item 3 of issue 34: an entry that expired behind a live one in its shard's age
+/// order (as a restart of an earlier version loaded them, or a route of a shorter
+/// retention behind a longer one) is swept, not kept until the live one expires.
+#[tokio::test]
+async fn the_sweeper_drops_expired_entries_behind_a_live_one() {
+    let store = MemoryStore::new(lifetimes());
+    let now = unix_millis();
+    let encoded = |expires_at: u64| {
+        let mut e = Entry::fresh(Some([1; 32]), Status::Completed, now, expires_at);
+        e.response = Some(answer(b"ok"));
+        let mut bytes = Vec::new();
+        codec::encode(&e, &mut bytes);
+        bytes
+    };
+    // Enough live ones first that every shard's front is live (64 shards).
+    let (live, short) = (600, 100);
+    for n in 0..live {
+        let k = DeliveryKey::new("r", format!("live{n}"));
+        store.restore_entry(k, &encoded(now + 600_000)).unwrap();
+    }
+    for n in 0..short {
+        let k = DeliveryKey::new("r", format!("short{n}"));
+        store.restore_entry(k, &encoded(now + 300)).unwrap();
+    }
+    assert_eq!(store.len(), live + short);
+    // The sweeper runs once a second; the live ones outlive the wait by far.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.len() > live && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.len(), live, "expired entries left behind live ones");
+}
+
 fn bounded(entries: u64) -> MemoryStore {
     // One small completed delivery's cost, measured on a store of its own.
     let probe = MemoryStore::new(lifetimes());
