@@ -105,6 +105,54 @@ async fn a_dead_writer_refuses_deliveries_keeps_the_lock_and_a_restart_answers_w
     ));
 }
 
+/// Item 1: a write that outlives `store.timeout` (a stalled disk) fails `ping` and
+/// refuses new claims while it lasts; the store answers again once it is written.
+#[tokio::test]
+async fn a_stalled_write_fails_ping_while_it_lasts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, _queue, journal) = open_journaled(
+        tmp.path(),
+        FsyncPolicy::Always,
+        Duration::from_millis(100),
+        options(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    journal.stall_writes(true);
+    let a = DeliveryKey::new("wh", "a");
+    let Claim::Claimed(t) = store.claim(&a, &[1; 32], None).await.unwrap() else {
+        panic!("a is new");
+    };
+    let e = store.complete(&a, t, &answer(), None).await.unwrap_err();
+    assert!(matches!(e, StoreError::Timeout), "{e}");
+    // The write still waits: past the timeout, `ping` fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        match store.ping().await {
+            Err(e) => break e,
+            Ok(()) => assert!(std::time::Instant::now() < deadline, "ping never failed"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(e.to_string().contains("waiting for the disk"), "{e}");
+    let e = store
+        .claim(&DeliveryKey::new("wh", "b"), &[2; 32], None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+    // Not broken: once the disk answers, so does the store.
+    assert_eq!(store.broken(), None);
+    journal.stall_writes(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.ping().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stall never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    deliver(&store, &DeliveryKey::new("wh", "c")).await;
+}
+
 /// Item 4: entries that expired while the sidecar was down are not loaded, and leave
 /// the disk at that start.
 #[tokio::test]

@@ -48,6 +48,9 @@ struct Shared {
     /// Tests: the next commit fails as a full disk would (`tests_failure.rs`).
     #[cfg(test)]
     fail_next: std::sync::atomic::AtomicBool,
+    /// Tests: commits wait while this is set, as on a stalled disk.
+    #[cfg(test)]
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 /// The `Journal` the memory store writes through on a `file:` store.
@@ -86,6 +89,8 @@ impl FileJournal {
             busy_since: Mutex::new(None),
             #[cfg(test)]
             fail_next: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            stalled: std::sync::atomic::AtomicBool::new(false),
         });
         let for_writer = shared.clone();
         let writer = std::thread::Builder::new()
@@ -97,6 +102,14 @@ impl FileJournal {
             writer: Mutex::new(Some(writer)),
             _lock: lock,
         })
+    }
+
+    /// Tests: commits wait while `stalled` is true, as on a stalled disk.
+    #[cfg(test)]
+    pub(super) fn stall_writes(&self, stalled: bool) {
+        self.shared
+            .stalled
+            .store(stalled, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Tests: the writer's next commit fails as on a full disk.
@@ -243,6 +256,10 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
                 .swap(false, std::sync::atomic::Ordering::SeqCst)
             {
                 return fail(shared, &"no space left on device (injected)");
+            }
+            #[cfg(test)]
+            while shared.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
             }
             commit(&engine, ops, fsync)
         };
