@@ -29,7 +29,7 @@ pub(super) fn prepare(dir: &Path) -> Result<(), String> {
     let mode = mode_of(&meta);
     if mode & SHARED_WRITE != 0 {
         return Err(format!(
-            "it is writable by group or others (mode {:o}): another local user could plant a file or a link in it; give it to the sidecar's user alone (chmod 700)",
+            "it is writable by group or others (mode {:o}): another local user could plant a file or a link in it; give it to the sidecar's user alone (chmod 700), or name a directory inside it (the sidecar creates it 0700)",
             mode & 0o7777
         ));
     }
