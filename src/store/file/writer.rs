@@ -5,6 +5,7 @@
 //! or within the period under `fsync = "<duration>"`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,9 +43,11 @@ struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
     committed: watch::Sender<Committed>,
-    /// Since when the writer has been writing its current batch (`None`: idle), so a
-    /// write that outlives `store.timeout` shows in `health` while it lasts.
-    busy_since: Mutex<Option<Instant>>,
+    /// Since when the writer has been writing its current batch, in µs after `epoch`
+    /// plus one (0: idle), so a write that outlives `store.timeout` shows in `health`
+    /// while it lasts (an atomic: every claim reads it).
+    busy_since: AtomicU64,
+    epoch: Instant,
     /// Tests: the next commit fails as a full disk would (`tests_failure.rs`).
     #[cfg(test)]
     fail_next: std::sync::atomic::AtomicBool,
@@ -86,7 +89,8 @@ impl FileJournal {
             }),
             wake: Condvar::new(),
             committed: watch::Sender::new(Committed::default()),
-            busy_since: Mutex::new(None),
+            busy_since: AtomicU64::new(0),
+            epoch: Instant::now(),
             #[cfg(test)]
             fail_next: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -170,13 +174,13 @@ impl Journal for FileJournal {
         if let Some(e) = self.broken() {
             return Err(StoreError::Unavailable(e));
         }
-        let busy = self
-            .shared
-            .busy_since
-            .lock()
-            .ok()
-            .and_then(|b| *b)
-            .map(|since| since.elapsed());
+        let since = self.shared.busy_since.load(Ordering::Relaxed);
+        let busy = (since != 0).then(|| {
+            self.shared
+                .epoch
+                .elapsed()
+                .saturating_sub(Duration::from_micros(since - 1))
+        });
         match busy {
             Some(busy) if busy > self.wait => Err(StoreError::Unavailable(format!(
                 "file store: a write has been waiting for the disk for {} ms (store.timeout {} ms)",
@@ -244,9 +248,8 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
             }
             (std::mem::take(&mut p.ops), p.next - 1, p.closed)
         };
-        if let Ok(mut b) = shared.busy_since.lock() {
-            *b = Some(Instant::now());
-        }
+        let now = u64::try_from(shared.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+        shared.busy_since.store(now + 1, Ordering::Relaxed);
         let written = if ops.is_empty() {
             Ok(())
         } else {
@@ -276,9 +279,7 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
                 }
             }
         });
-        if let Ok(mut b) = shared.busy_since.lock() {
-            *b = None;
-        }
+        shared.busy_since.store(0, Ordering::Relaxed);
         match written {
             Ok(()) => {
                 shared.committed.send_modify(|c| c.upto = c.upto.max(upto));
