@@ -4,8 +4,10 @@
 //! stays the authority for every rule, so the file store keeps its semantics by
 //! construction; this module only writes and reads the directory.
 //!
-//! One process owns a directory: `idemgate.lock` is locked at start (a second sidecar
-//! on the same path gets a clear error). The engine's files are under `data/`.
+//! One process owns a directory: `idemgate.lock` is locked at start and held while the
+//! store lives (a second sidecar on the same path gets a clear error). The directory is
+//! private (`private.rs`). The engine's files are under `data/`. Once a write fails the
+//! store answers nothing until a restart (`Store::broken`, `/healthz`).
 
 mod codec;
 mod layout;
