@@ -49,7 +49,19 @@ pub async fn handle<S: Store, B>(
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
     match req.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n"),
+        // Live unless the store cannot work again in this process (the `file:`
+        // store's journal failed): the kubelet then restarts the container, and the
+        // restart replays the directory.
+        "/healthz" => match store.broken() {
+            None => text(StatusCode::OK, "ok\n"),
+            Some(e) => {
+                tracing::error!(error = %e, "not live: the store needs a restart");
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store broken: restart needed\n",
+                )
+            }
+        },
         "/readyz" => match store.ping().await {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(e) => {
@@ -61,6 +73,9 @@ pub async fn handle<S: Store, B>(
             metrics
                 .store_circuit_open
                 .set(i64::from(store.circuit_open()));
+            metrics
+                .store_journal_failed
+                .set(i64::from(store.broken().is_some()));
             if let Some(stats) = store.bound_stats() {
                 metrics.store_bound(stats.evictions, stats.oldest_age);
             }

@@ -188,6 +188,9 @@ pub struct Metrics {
     pub in_flight: IntGauge,
     /// 1 while the store's circuit breaker is open (or half-open), else 0.
     pub store_circuit_open: IntGauge,
+    /// 1 once the `file:` store's journal can write nothing any more (a full disk, an
+    /// I/O error): every delivery gets 503 and `/healthz` fails until a restart.
+    pub store_journal_failed: IntGauge,
     /// Deliveries the in-process store forgot to stay under `store.max_memory`.
     pub store_evictions: IntCounter,
     /// Since when the in-process store's oldest remembered delivery was settled: the
@@ -344,6 +347,11 @@ impl Metrics {
             "1 while the store circuit breaker is open and deliveries get 503 without asking the store.",
         )
         .expect("valid metric");
+        let store_journal_failed = IntGauge::new(
+            "idemgate_store_journal_failed",
+            "1 once the file: store cannot write its directory (disk full, I/O error): deliveries get 503 and /healthz fails until a restart.",
+        )
+        .expect("valid metric");
         let store_evictions = IntCounter::new(
             "idemgate_store_evictions_total",
             "Settled deliveries the in-process store forgot before their retention to stay under store.max_memory (a copy of one is forwarded again).",
@@ -405,6 +413,7 @@ impl Metrics {
             Box::new(store_errors_vec.clone()),
             Box::new(in_flight.clone()),
             Box::new(store_circuit_open.clone()),
+            Box::new(store_journal_failed.clone()),
             Box::new(store_evictions.clone()),
             Box::new(store_oldest_age.clone()),
             Box::new(connections.clone()),
@@ -437,6 +446,7 @@ impl Metrics {
             store_errors,
             in_flight,
             store_circuit_open,
+            store_journal_failed,
             store_evictions,
             store_oldest_age,
             connections,

@@ -285,6 +285,10 @@ impl<S: Store> Store for Breaker<S> {
         self.lock().is_open()
     }
 
+    fn broken(&self) -> Option<String> {
+        self.inner.broken()
+    }
+
     fn confirms_completions(&self) -> bool {
         self.inner.confirms_completions()
     }

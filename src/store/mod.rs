@@ -322,10 +322,18 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
         None
     }
 
-    /// Whether a completion counts only once replicas confirmed it (`min_replicas_ack`):
-    /// then a completion that could not be confirmed must not be answered 2xx.
+    /// Whether a completion counts only once replicas confirmed it (`min_replicas_ack`)
+    /// or the `file:` store's journal wrote it: then a completion that could not be
+    /// confirmed must not be answered 2xx.
     fn confirms_completions(&self) -> bool {
         false
+    }
+
+    /// Why the store cannot work again while the process runs (the `file:` store's
+    /// writer stopped on a disk error): `/healthz` fails with it, so the kubelet
+    /// restarts the container and the restart replays the directory.
+    fn broken(&self) -> Option<String> {
+        None
     }
 
     /// Claims (unlogged), and while another holder has the key, polls until it

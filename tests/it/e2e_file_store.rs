@@ -244,6 +244,15 @@ async fn check_config_refuses_a_directory_it_cannot_lock_or_write() {
         "{shown}"
     );
 
+    // Writable by others (issue 34 item 9): refused, with the reason.
+    let shared = free.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let open_to_all: std::fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o777);
+    std::fs::set_permissions(&shared, open_to_all).unwrap();
+    let (ok, shown) = check_config(&file_sidecar(&up, &shared).toml(any, admin));
+    assert!(!ok, "{shown}");
+    assert!(shown.contains("writable by group or others"), "{shown}");
+
     // Held by a running sidecar.
     let held = tempfile::tempdir().unwrap();
     let _sc = file_sidecar(&up, held.path()).start().await;

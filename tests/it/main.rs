@@ -17,6 +17,7 @@ mod e2e_console;
 mod e2e_console_ops;
 mod e2e_faults;
 mod e2e_file_store;
+mod e2e_file_store_disk;
 mod e2e_harness;
 mod e2e_hostile;
 mod e2e_hostile_listeners;

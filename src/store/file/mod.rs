@@ -4,15 +4,18 @@
 //! stays the authority for every rule, so the file store keeps its semantics by
 //! construction; this module only writes and reads the directory.
 //!
-//! One process owns a directory: `idemgate.lock` is locked at start (a second sidecar
-//! on the same path gets a clear error). The engine's files are under `data/`.
+//! One process owns a directory: `idemgate.lock` is locked at start and held while the
+//! store lives (a second sidecar on the same path gets a clear error). The directory is
+//! private (`private.rs`). The engine's files are under `data/`. Once a write fails the
+//! store answers nothing until a restart (`Store::broken`, `/healthz`).
 
 mod codec;
 mod layout;
+mod private;
 mod writer;
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +25,7 @@ use layout::Space;
 pub(crate) use writer::FileJournal;
 
 use crate::config::FsyncPolicy;
-use crate::store::memory::journal::Journal;
+use crate::store::memory::journal::{Change, Journal};
 use crate::store::{MemoryOptions, MemoryQueue, MemoryStore, StoreError};
 
 /// The lock file's name inside the store's directory.
@@ -33,18 +36,19 @@ fn unusable(dir: &Path, why: impl std::fmt::Display) -> String {
     format!("file store directory {}: {why}", dir.display())
 }
 
-/// Creates the directory if needed, proves it writable and takes its lock, held as
-/// long as the returned file is open (the lock goes with the process, even on SIGKILL).
+/// Creates the directory if needed (0700), refuses one others may write in, takes
+/// its lock (held as long as the returned file is open: the lock goes with the
+/// process, even on SIGKILL) and proves it writable. Neither the lock file nor the
+/// probe is opened through a symlink.
 pub fn lock_dir(dir: &Path) -> Result<File, String> {
-    std::fs::create_dir_all(dir).map_err(|e| unusable(dir, format!("cannot create it: {e}")))?;
+    private::prepare(dir).map_err(|e| unusable(dir, e))?;
     let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| unusable(dir, format!("cannot open {}: {e}", path.display())))?;
+    let file = private::open_own(&path).map_err(|e| {
+        unusable(
+            dir,
+            format!("cannot open {} (a symlink is refused): {e}", path.display()),
+        )
+    })?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -64,15 +68,12 @@ pub fn lock_dir(dir: &Path) -> Result<File, String> {
         }
     }
     // Writable: the engine creates and renames files here.
-    let probe = dir.join(".idemgate-write-check");
-    std::fs::write(&probe, b"ok")
-        .and_then(|()| std::fs::remove_file(&probe))
-        .map_err(|e| unusable(dir, format!("cannot write in it: {e}")))?;
+    private::probe_write(dir).map_err(|e| unusable(dir, format!("cannot write in it: {e}")))?;
     Ok(file)
 }
 
 /// What `idemgate check-config` asks of a `file:` store's path: it can be created,
-/// written and locked now (the lock is released at once).
+/// written and locked now (the lock is released at once), and others cannot write in it.
 pub fn check_dir(dir: &Path) -> Result<(), String> {
     lock_dir(dir).map(drop)
 }
@@ -87,20 +88,27 @@ pub fn open(
     wait: Duration,
     options: MemoryOptions,
 ) -> Result<(MemoryStore, MemoryQueue), StoreError> {
+    open_journaled(dir, fsync, wait, options).map(|(store, queue, _)| (store, queue))
+}
+
+/// `open`, and the journal itself (tests reach its writer through it).
+pub(crate) fn open_journaled(
+    dir: &Path,
+    fsync: FsyncPolicy,
+    wait: Duration,
+    options: MemoryOptions,
+) -> Result<(MemoryStore, MemoryQueue, Arc<FileJournal>), StoreError> {
     let mut files = FileDir::open(dir)?;
-    let journal: Arc<dyn Journal> = Arc::new(files.start_journal(fsync, wait)?);
+    let file_journal = Arc::new(files.start_journal(fsync, wait)?);
+    let journal: Arc<dyn Journal> = file_journal.clone();
     let store = MemoryStore::with_options(MemoryOptions {
         journal: Some(journal.clone()),
         ..options
     });
-    let queue = MemoryQueue::with_journal(store.clone(), Some(journal));
-    let mut refused = None;
+    let queue = MemoryQueue::with_journal(store.clone(), Some(journal.clone()));
+    let mut entries = Vec::new();
     let loaded = files.load(|r| match r {
-        Restored::Entry(key, bytes) => {
-            if let Err(e) = store.restore_entry(key, &bytes) {
-                refused.get_or_insert(e);
-            }
-        }
+        Restored::Entry(key, bytes) => entries.push((key, bytes)),
         Restored::Queued(route, id, entry) => queue.restore_queued(&route, id, entry),
         Restored::Dead(route, id, dead) => queue.restore_dead(&route, id, dead),
         Restored::Attempts(key, id, n) => queue.restore_attempts(key, id, n),
@@ -108,14 +116,16 @@ pub fn open(
         Restored::JobItems(id, items) => queue.restore_job_items(&id, items),
         Restored::JobMark(id, item, mark) => queue.restore_job_mark(&id, item, mark),
     })?;
-    if let Some(e) = refused {
-        return Err(StoreError::Unavailable(unusable(
-            dir,
-            format!("a delivery does not load back: {e}"),
-        )));
+    // In age order, not the engine's key order; what expired while the sidecar was
+    // down leaves the disk too (the directory holds what memory holds).
+    let expired = store.restore_entries(entries).map_err(|e| {
+        StoreError::Unavailable(unusable(dir, format!("a delivery does not load back: {e}")))
+    })?;
+    for key in &expired {
+        journal.record(Change::Entry { key, entry: None });
     }
-    tracing::info!(dir = %dir.display(), records = loaded, deliveries = store.len(), "file store opened");
-    Ok((store, queue))
+    tracing::info!(dir = %dir.display(), records = loaded, deliveries = store.len(), expired = expired.len(), "file store opened");
+    Ok((store, queue, file_journal))
 }
 
 /// An opened, locked directory: read back at start, written by its journal.
@@ -131,6 +141,11 @@ impl FileDir {
     /// Locks `dir` and opens (or creates, or recovers after a crash) its engine.
     pub(crate) fn open(dir: &Path) -> Result<FileDir, StoreError> {
         let lock = lock_dir(dir).map_err(StoreError::Unavailable)?;
+        let tightened =
+            private::seal(dir).map_err(|e| StoreError::Unavailable(unusable(dir, e)))?;
+        if tightened > 0 {
+            tracing::warn!(dir = %dir.display(), files = tightened, "file store: took group and other permissions off what an earlier version left readable");
+        }
         let db = fjall::Database::builder(dir.join("data"))
             // Read only at start: a small cache.
             .cache_size(4 << 20)
@@ -180,7 +195,8 @@ impl FileDir {
         Ok(n)
     }
 
-    /// Starts the writer (once): from then on the journal owns the directory's lock.
+    /// Starts the writer (once): from then on the journal owns the directory's lock,
+    /// for as long as it lives (the writer stopping does not release it).
     pub(crate) fn start_journal(
         &mut self,
         fsync: FsyncPolicy,
@@ -192,9 +208,8 @@ impl FileDir {
         let engine = writer::Engine {
             db: self.db.clone(),
             spaces: self.spaces.clone(),
-            _lock: lock,
         };
-        FileJournal::start(engine, fsync, wait).map_err(|e| {
+        FileJournal::start(engine, lock, fsync, wait).map_err(|e| {
             StoreError::Unavailable(unusable(&self.dir, format!("cannot start its writer: {e}")))
         })
     }
@@ -202,3 +217,6 @@ impl FileDir {
 
 #[cfg(test)]
 mod tests;
+/// A writer that fails: the store's answers, its lock, a restart.
+#[cfg(test)]
+mod tests_failure;

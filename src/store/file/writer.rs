@@ -5,6 +5,7 @@
 //! or within the period under `fsync = "<duration>"`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,6 +43,17 @@ struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
     committed: watch::Sender<Committed>,
+    /// Since when the writer has been writing its current batch, in µs after `epoch`
+    /// plus one (0: idle), so a write that outlives `store.timeout` shows in `health`
+    /// while it lasts (an atomic: every claim reads it).
+    busy_since: AtomicU64,
+    epoch: Instant,
+    /// Tests: the next commit fails as a full disk would (`tests_failure.rs`).
+    #[cfg(test)]
+    fail_next: std::sync::atomic::AtomicBool,
+    /// Tests: commits wait while this is set, as on a stalled disk.
+    #[cfg(test)]
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 /// The `Journal` the memory store writes through on a `file:` store.
@@ -51,19 +63,22 @@ pub(crate) struct FileJournal {
     /// stalled disk answers a store error, never a hang.
     wait: Duration,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The directory's lock file, held as long as the journal (the store, so the
+    /// process) lives: not the writer's, so a writer that stopped on an error does not
+    /// let a second sidecar open the directory while this one still answers.
+    _lock: std::fs::File,
 }
 
 /// What the writer thread owns.
 pub(super) struct Engine {
     pub(super) db: Database,
     pub(super) spaces: HashMap<Space, Keyspace>,
-    /// Held for the writer's life: the directory's lock file.
-    pub(super) _lock: std::fs::File,
 }
 
 impl FileJournal {
     pub(super) fn start(
         engine: Engine,
+        lock: std::fs::File,
         fsync: FsyncPolicy,
         wait: Duration,
     ) -> std::io::Result<FileJournal> {
@@ -74,6 +89,12 @@ impl FileJournal {
             }),
             wake: Condvar::new(),
             committed: watch::Sender::new(Committed::default()),
+            busy_since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            #[cfg(test)]
+            fail_next: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            stalled: std::sync::atomic::AtomicBool::new(false),
         });
         let for_writer = shared.clone();
         let writer = std::thread::Builder::new()
@@ -83,7 +104,25 @@ impl FileJournal {
             shared,
             wait,
             writer: Mutex::new(Some(writer)),
+            _lock: lock,
         })
+    }
+
+    /// Tests: commits wait while `stalled` is true, as on a stalled disk.
+    #[cfg(test)]
+    pub(super) fn stall_writes(&self, stalled: bool) {
+        self.shared
+            .stalled
+            .store(stalled, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tests: the writer's next commit fails as on a full disk.
+    #[cfg(test)]
+    pub(super) fn fail_next_write(&self) {
+        self.shared
+            .fail_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.wake.notify_one();
     }
 }
 
@@ -116,6 +155,40 @@ impl Journal for FileJournal {
         drop(p);
         self.shared.wake.notify_one();
         ticket
+    }
+
+    fn latest(&self) -> Ticket {
+        self.shared
+            .pending
+            .lock()
+            .map_or(Ticket::MAX, |p| p.next.saturating_sub(1))
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.shared.committed.borrow().failed.as_ref().map(|e| {
+            format!("file store cannot write: {e}; it answers no delivery until a restart")
+        })
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        if let Some(e) = self.broken() {
+            return Err(StoreError::Unavailable(e));
+        }
+        let since = self.shared.busy_since.load(Ordering::Relaxed);
+        let busy = (since != 0).then(|| {
+            self.shared
+                .epoch
+                .elapsed()
+                .saturating_sub(Duration::from_micros(since - 1))
+        });
+        match busy {
+            Some(busy) if busy > self.wait => Err(StoreError::Unavailable(format!(
+                "file store: a write has been waiting for the disk for {} ms (store.timeout {} ms)",
+                busy.as_millis(),
+                self.wait.as_millis()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn durable(&self, ticket: Ticket) -> Durable<'_> {
@@ -175,9 +248,22 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
             }
             (std::mem::take(&mut p.ops), p.next - 1, p.closed)
         };
+        let now = u64::try_from(shared.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+        shared.busy_since.store(now + 1, Ordering::Relaxed);
         let written = if ops.is_empty() {
             Ok(())
         } else {
+            #[cfg(test)]
+            if shared
+                .fail_next
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                return fail(shared, &"no space left on device (injected)");
+            }
+            #[cfg(test)]
+            while shared.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             commit(&engine, ops, fsync)
         };
         let written = written.and_then(|()| match fsync {
@@ -193,27 +279,31 @@ fn write_loop(shared: &Shared, engine: Engine, fsync: FsyncPolicy) {
                 }
             }
         });
+        shared.busy_since.store(0, Ordering::Relaxed);
         match written {
             Ok(()) => {
                 shared.committed.send_modify(|c| c.upto = c.upto.max(upto));
             }
-            Err(e) => {
-                tracing::error!(error = %e, "file store: the write failed; the store stops answering until a restart");
-                if let Ok(mut p) = shared.pending.lock() {
-                    p.failed = true;
-                    p.ops = Vec::new();
-                }
-                shared
-                    .committed
-                    .send_modify(|c| c.failed = Some(e.to_string()));
-                return;
-            }
+            Err(e) => return fail(shared, &e),
         }
         if closed {
             let _ = engine.db.persist(PersistMode::SyncAll);
             return;
         }
     }
+}
+
+/// The writer stops for good: nothing is kept any more, and every waiting and later
+/// caller hears why (the store then refuses deliveries and `/healthz` fails).
+fn fail(shared: &Shared, e: &dyn std::fmt::Display) {
+    tracing::error!(error = %e, "file store: the write failed; the store answers no delivery (503) until a restart, and /healthz fails so the kubelet restarts it");
+    if let Ok(mut p) = shared.pending.lock() {
+        p.failed = true;
+        p.ops = Vec::new();
+    }
+    shared
+        .committed
+        .send_modify(|c| c.failed = Some(e.to_string()));
 }
 
 /// One atomic batch, the last change of each key winning (a batch's writes share one

@@ -78,4 +78,19 @@ pub enum Change<'a> {
 pub trait Journal: Send + Sync + 'static {
     fn record(&self, change: Change<'_>) -> Ticket;
     fn durable(&self, ticket: Ticket) -> Durable<'_>;
+    /// The last ticket handed out: an answer read from state that changed nothing
+    /// waits for it, since the change it read may not be written yet.
+    fn latest(&self) -> Ticket;
+    /// Why the journal can write nothing any more (its writer stopped on an error),
+    /// for good: the store refuses every change and `/healthz` fails.
+    fn broken(&self) -> Option<String> {
+        None
+    }
+    /// Whether the journal writes now: `broken`, or a write outliving its wait.
+    fn health(&self) -> Result<(), StoreError> {
+        match self.broken() {
+            Some(e) => Err(StoreError::Unavailable(e)),
+            None => Ok(()),
+        }
+    }
 }

@@ -183,7 +183,9 @@ impl MemoryStore {
 
     /// Creates the store; inside a tokio runtime it also starts a sweeper that drops
     /// expired entries once a second, a batch per shard lock, so memory follows
-    /// retention and no delivery waits behind a sweep of the whole map.
+    /// retention and no delivery waits behind a sweep of the whole map: those at each
+    /// shard's front, then a batch behind its first live one (a pass over every entry
+    /// every `entries / 32,768` seconds).
     pub fn with_options(options: MemoryOptions) -> Self {
         let drift = later(0, options.lifetimes.default().lease);
         let inner = Arc::new(Table::new(options.max_memory, drift, options.journal));
@@ -207,6 +209,8 @@ impl MemoryStore {
                             }
                             tokio::task::yield_now().await;
                         }
+                        // Behind the first live mark, a batch per second and shard.
+                        table.sweep_behind(i, unix_millis());
                     }
                 }
             });
@@ -249,14 +253,44 @@ impl MemoryStore {
     /// entry is skipped. Not told to the journal (it is where the entry came from).
     pub fn restore_entry(&self, key: DeliveryKey, encoded: &[u8]) -> Result<(), String> {
         let entry = codec::decode(encoded)?;
+        self.restore_decoded(&key, &entry, unix_millis())
+    }
+
+    /// Loads a journal's entries at start in age order (by expiry, the order the
+    /// table's marks keep: eviction and the sweeper take the oldest first, whatever
+    /// order the journal read them in), and returns the keys of those that expired
+    /// meanwhile (skipped: the caller forgets them on disk too).
+    pub(crate) fn restore_entries(
+        &self,
+        encoded: Vec<(DeliveryKey, Vec<u8>)>,
+    ) -> Result<Vec<DeliveryKey>, String> {
         let now = unix_millis();
+        let mut entries = encoded
+            .into_iter()
+            .map(|(key, bytes)| Ok((codec::decode(&bytes)?, key)))
+            .collect::<Result<Vec<_>, String>>()?;
+        entries.sort_by_key(|(e, _)| e.expires_at);
+        let mut expired = Vec::new();
+        for (entry, key) in entries {
+            if entry.live(now) {
+                self.restore_decoded(&key, &entry, now)?;
+            } else {
+                expired.push(key);
+            }
+        }
+        Ok(expired)
+    }
+
+    /// One decoded entry into the table and its route's recent index; an expired one
+    /// is skipped.
+    fn restore_decoded(&self, key: &DeliveryKey, entry: &Entry, now: u64) -> Result<(), String> {
         if !entry.live(now) {
             return Ok(());
         }
         self.inner
-            .restore(&key, &entry, now)
+            .restore(key, entry, now)
             .map_err(|e| e.to_string())?;
-        self.index_created(&key, entry.first_seen);
+        self.index_created(key, entry.first_seen);
         Ok(())
     }
 
@@ -269,6 +303,11 @@ impl MemoryStore {
         admit: Admit,
         f: impl FnOnce(&mut Option<Entry>, u64) -> T,
     ) -> Result<Updated<T>, StoreError> {
+        // A journal that can write nothing any more: memory must not change (nor be
+        // answered from) past what the disk holds.
+        if let Some(e) = self.broken_journal() {
+            return Err(StoreError::Unavailable(e));
+        }
         let Updated { value, ticket } = self.inner.update(key, now, admit, |e| {
             let existed = e.is_some();
             let value = f(e, now);
@@ -294,6 +333,11 @@ impl MemoryStore {
         let Updated { value, ticket } = value;
         self.durable(ticket).await?;
         Ok(value)
+    }
+
+    /// Why the journal, if any, can write nothing any more.
+    fn broken_journal(&self) -> Option<String> {
+        self.inner.journal().and_then(|j| j.broken())
     }
 
     async fn durable(&self, ticket: Option<Ticket>) -> Result<(), StoreError> {
@@ -415,6 +459,12 @@ impl Store for MemoryStore {
             Some(ClaimLog { replay: true, .. }) => self.replay_claim(key, fp).await,
             _ => {
                 let kept = log.and_then(|l| l.kept);
+                // A journal that does not write now (failed, or a write outliving
+                // `store.timeout`) hands out no claim: its completion could not be
+                // written either.
+                if let Some(j) = self.inner.journal() {
+                    j.health()?;
+                }
                 let now = unix_millis();
                 let Updated { value, ticket } =
                     self.update_indexed(key, now, Admit::NewDelivery, |e, now| {
@@ -468,24 +518,34 @@ impl Store for MemoryStore {
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
         let retention = self.lifetimes.of(&key.route).retention;
-        self.change(key, Admit::Always, |slot, now| {
-            if let Some(e) = slot {
-                if e.live_owner(now).is_some() || e.differs(fp) {
-                    return false;
+        let now = unix_millis();
+        let Updated { value, ticket } =
+            self.update_indexed(key, now, Admit::Always, |slot, now| {
+                if let Some(e) = slot {
+                    if e.live_owner(now).is_some() || e.differs(fp) {
+                        return false;
+                    }
+                    match e.status_at(now) {
+                        Status::Completed => return true,
+                        Status::Queued => return false,
+                        Status::Processing | Status::Released => {}
+                    }
                 }
-                match e.status_at(now) {
-                    Status::Completed => return true,
-                    Status::Queued => return false,
-                    Status::Processing | Status::Released => {}
-                }
-            }
-            let e = slot.get_or_insert_with(|| Entry::fresh(Some(*fp), Status::Released, now, now));
-            e.fp = Some(*fp);
-            e.complete(response, now, later(now, retention));
-            e.note(settled);
-            true
-        })
-        .await
+                let e =
+                    slot.get_or_insert_with(|| Entry::fresh(Some(*fp), Status::Released, now, now));
+                e.fp = Some(*fp);
+                e.complete(response, now, later(now, retention));
+                e.note(settled);
+                true
+            })?;
+        // A completion found, not made: another call's, whose write may still be on
+        // its way; "held" is true only once the journal has written up to now.
+        let ticket = match (ticket, self.inner.journal()) {
+            (None, Some(j)) if value => Some(j.latest()),
+            _ => ticket,
+        };
+        self.durable(ticket).await?;
+        Ok(value)
     }
 
     /// One lock section with the log's fields: no copy can claim in between (nor
@@ -503,12 +563,28 @@ impl Store for MemoryStore {
         .await
     }
 
+    /// Memory answers, and the journal, if any, writes (a failed or stalled writer
+    /// fails `/readyz` and feeds the breaker).
     async fn ping(&self) -> Result<(), StoreError> {
-        self.inner.read(&DeliveryKey::new("", ""), |_| ())
+        self.inner.read(&DeliveryKey::new("", ""), |_| ())?;
+        match self.inner.journal() {
+            Some(j) => j.health(),
+            None => Ok(()),
+        }
     }
 
     fn bound_stats(&self) -> Option<BoundStats> {
         Some(MemoryStore::bound_stats(self))
+    }
+
+    /// With a journal (the `file:` store), a completion counts once it is written: a
+    /// 2xx is not passed on for one the disk refused.
+    fn confirms_completions(&self) -> bool {
+        self.inner.journal().is_some()
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken_journal()
     }
 }
 

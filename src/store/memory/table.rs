@@ -45,6 +45,8 @@ struct Mark {
 struct Shard {
     records: HashTable<Box<[u8]>>,
     marks: VecDeque<Mark>,
+    /// Where `sweep_behind` looks next in `marks`.
+    behind_at: usize,
 }
 
 /// Whether a new entry may push older ones out or be refused when the bound is reached.
@@ -397,6 +399,36 @@ impl Table {
             }
         }
         (looked, looked >= SWEEP_BATCH)
+    }
+
+    /// Drops expired entries behind shard `i`'s front, where `sweep_batch` stops at
+    /// the first live mark (a route of a shorter retention behind a longer one): the
+    /// next `SWEEP_BATCH` marks from where the last call stopped, wrapping around. Only
+    /// their records go; each mark, stale then, is dropped when it reaches the front.
+    pub(super) fn sweep_behind(&self, i: usize, now: u64) {
+        let Ok(mut guard) = self.shards[i].lock() else {
+            return;
+        };
+        let shard = &mut *guard;
+        let len = shard.marks.len();
+        let start = if shard.behind_at < len {
+            shard.behind_at
+        } else {
+            0
+        };
+        let end = len.min(start + SWEEP_BATCH);
+        for j in start..end {
+            let m = shard.marks[j];
+            let expired = |r: &[u8]| self.marked(r, m) && head_of(r).is_some_and(|h| !h.live(now));
+            if let Ok(found) = shard.records.find_entry(m.hash, |r| expired(r)) {
+                let (old, _) = found.remove();
+                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                if let Ok((route, key, _)) = codec::split_record(&old) {
+                    self.record(route, key, None);
+                }
+            }
+        }
+        shard.behind_at = end;
     }
 
     pub(super) fn shard_count(&self) -> usize {

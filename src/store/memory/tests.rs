@@ -26,6 +26,75 @@ impl Journal for Recorded {
         self.awaited.lock().unwrap().push(ticket);
         Box::pin(async { Ok(()) })
     }
+
+    fn latest(&self) -> Ticket {
+        self.changes.lock().unwrap().len() as Ticket
+    }
+}
+
+/// A journal whose changes become durable only when the test says so: what a disk
+/// that has not written them yet looks like to the store (a kill then loses them).
+struct Unwritten {
+    next: Mutex<Ticket>,
+    written: tokio::sync::watch::Sender<Ticket>,
+}
+
+impl Journal for Unwritten {
+    fn record(&self, _change: Change<'_>) -> Ticket {
+        let mut next = self.next.lock().unwrap();
+        *next += 1;
+        *next
+    }
+
+    fn durable(&self, ticket: Ticket) -> Durable<'_> {
+        let mut rx = self.written.subscribe();
+        Box::pin(async move {
+            rx.wait_for(|w| *w >= ticket).await.unwrap();
+            Ok(())
+        })
+    }
+
+    fn latest(&self) -> Ticket {
+        *self.next.lock().unwrap()
+    }
+}
+
+/// Item 5 of issue 34: `complete_unowned` on a key another call completed answers
+/// only once that completion is written; answering before, a kill in between would
+/// lose both completions while the caller answered the provider 2xx.
+#[tokio::test]
+async fn complete_unowned_on_a_completed_key_waits_for_its_write() {
+    let journal = Arc::new(Unwritten {
+        next: Mutex::new(0),
+        written: tokio::sync::watch::Sender::new(0),
+    });
+    let mut options = MemoryOptions::new(lifetimes());
+    options.journal = Some(journal.clone() as Arc<dyn Journal>);
+    let store = MemoryStore::with_options(options);
+    let key = DeliveryKey::new("r", "k");
+    let Claim::Claimed(t) = store.claim(&key, &[1; 32], None).await.unwrap() else {
+        panic!("claimed")
+    };
+    let owner = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.complete(&key, t, &answer(b"ok"), None).await }
+    });
+    // The owner's completion is in memory, not yet on disk.
+    while *journal.next.lock().unwrap() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let ok = answer(b"ok");
+    let unowned = store.complete_unowned(&key, &[1; 32], &ok, None);
+    tokio::pin!(unowned);
+    // However long it is given, it cannot answer before the write.
+    let early = tokio::time::timeout(Duration::from_millis(100), &mut unowned).await;
+    assert!(
+        early.is_err(),
+        "answered before the completion was written: {early:?}"
+    );
+    journal.written.send_replace(2);
+    assert!(unowned.await.unwrap());
+    assert!(owner.await.unwrap().unwrap());
 }
 
 fn lifetimes() -> Lifetimes {
@@ -114,6 +183,39 @@ async fn an_expired_entry_is_not_loaded() {
             .restore_entry(DeliveryKey::new("r", "x"), b"\x09")
             .is_err()
     );
+}
+
+/// Item 3 of issue 34: an entry that expired behind a live one in its shard's age
+/// order (as a restart of an earlier version loaded them, or a route of a shorter
+/// retention behind a longer one) is swept, not kept until the live one expires.
+#[tokio::test]
+async fn the_sweeper_drops_expired_entries_behind_a_live_one() {
+    let store = MemoryStore::new(lifetimes());
+    let now = unix_millis();
+    let encoded = |expires_at: u64| {
+        let mut e = Entry::fresh(Some([1; 32]), Status::Completed, now, expires_at);
+        e.response = Some(answer(b"ok"));
+        let mut bytes = Vec::new();
+        codec::encode(&e, &mut bytes);
+        bytes
+    };
+    // Enough live ones first that every shard's front is live (64 shards).
+    let (live, short) = (600, 100);
+    for n in 0..live {
+        let k = DeliveryKey::new("r", format!("live{n}"));
+        store.restore_entry(k, &encoded(now + 600_000)).unwrap();
+    }
+    for n in 0..short {
+        let k = DeliveryKey::new("r", format!("short{n}"));
+        store.restore_entry(k, &encoded(now + 300)).unwrap();
+    }
+    assert_eq!(store.len(), live + short);
+    // The sweeper runs once a second; the live ones outlive the wait by far.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.len() > live && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.len(), live, "expired entries left behind live ones");
 }
 
 fn bounded(entries: u64) -> MemoryStore {
