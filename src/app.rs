@@ -58,6 +58,15 @@ impl<S: Store> App<S> {
         })
     }
 
+    /// What another delivery runtime's gate shares with this one's.
+    pub fn shared_parts(&self) -> SharedParts {
+        SharedParts {
+            metrics: self.gate.metrics().clone(),
+            queue: self.queue.clone(),
+            tracer: self.gate.tracer().clone(),
+        }
+    }
+
     /// The handles an operator's action uses.
     pub fn operator(&self) -> Operator<'_, S> {
         Operator {
@@ -81,5 +90,34 @@ impl<S: Store> App<S> {
             return crate::web::handle(&self.console, self.operator(), req).await;
         }
         crate::probes::handle(self.gate.store(), self.gate.metrics(), req).await
+    }
+}
+
+/// What every delivery runtime's gate shares (one per process): the metrics registry,
+/// the async queue it hands off to and the tracer. Each runtime's store and upstream
+/// client are its own.
+#[derive(Clone)]
+pub struct SharedParts {
+    metrics: Arc<Metrics>,
+    queue: Option<Arc<AsyncMode>>,
+    tracer: Tracer,
+}
+
+impl SharedParts {
+    /// A gate for another delivery runtime, on `store`, built on that runtime.
+    pub fn gate<S: Store>(
+        &self,
+        config: &Config,
+        routes: &Routes,
+        store: S,
+    ) -> Result<Gate<S>, ConfigError> {
+        Ok(Gate::new(
+            config,
+            routes,
+            store,
+            self.metrics.clone(),
+            self.queue.clone(),
+        )?
+        .with_tracer(self.tracer.clone()))
     }
 }
