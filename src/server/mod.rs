@@ -119,13 +119,14 @@ pub async fn run(
                 }
             };
             let queue = Arc::new(queue);
-            // Every runtime shares the one in-process store (each with its breaker).
-            let shared_store = store.clone();
-            let more: StoreFactory<_> =
-                Arc::new(move || Ok(Breaker::new(shared_store.clone(), threshold, cooldown)));
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
-            let store = Breaker::new(store, threshold, cooldown);
+            let breaker = Breaker::new(store.clone(), threshold, cooldown);
+            // Every runtime shares the one in-process store, and the one breaker.
+            let first = Breaker::sharing(store, &breaker);
+            let more: StoreFactory<_> =
+                Arc::new(move || Ok(Breaker::sharing(first.inner().clone(), &first)));
+            let store = breaker;
             Bound::bind_runtimes(&config, &routes, store, Some(queue), more)
                 .await?
                 .serve(shutdown)
@@ -133,22 +134,19 @@ pub async fn run(
         }
         StoreUrl::Redis(_) => {
             let store = RedisStore::from_config(&config)?;
-            // Each runtime builds its own store on itself: its own connection and
-            // delivery log writer, so a delivery's Redis calls stay on its thread.
-            let more: StoreFactory<_> = {
-                let config = config.clone();
-                Arc::new(move || {
-                    Ok(Breaker::new(
-                        RedisStore::from_config(&config)?,
-                        threshold,
-                        cooldown,
-                    ))
-                })
-            };
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let queue = Arc::new(crate::store::RedisQueue::new(store.clone()));
-            let store = Breaker::new(store, threshold, cooldown);
+            let breaker = Breaker::new(store.clone(), threshold, cooldown);
+            // Each runtime builds its own store on itself: its own connection and
+            // delivery log writer, so a delivery's Redis calls stay on its thread. The
+            // breaker's circuit is one for all (`first` only carries it).
+            let first = Breaker::sharing(store, &breaker);
+            let more: StoreFactory<_> = {
+                let config = config.clone();
+                Arc::new(move || Ok(Breaker::sharing(RedisStore::from_config(&config)?, &first)))
+            };
+            let store = breaker;
             Bound::bind_runtimes(&config, &routes, store, Some(queue), more)
                 .await?
                 .serve(shutdown)
