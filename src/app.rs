@@ -1,7 +1,7 @@
 //! The wiring, built once at start: the gate, its store, upstream and metrics, the
 //! operator console and the optional async queue. The listeners serve through it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -25,6 +25,9 @@ pub struct App<S> {
     pub queue: Option<Arc<AsyncMode>>,
     /// Operators' bulk jobs, when a queue backend (which keeps them) is given.
     pub jobs: Option<Arc<JobRunner<S>>>,
+    /// The other delivery runtimes' gates (`worker_threads` > 1), set once they run:
+    /// `/readyz` asks each one's store.
+    pub other_gates: OnceLock<Vec<Arc<Gate<S>>>>,
 }
 
 impl<S: Store> App<S> {
@@ -55,6 +58,7 @@ impl<S: Store> App<S> {
             console: Console::new(config, metrics),
             queue,
             jobs,
+            other_gates: OnceLock::new(),
         })
     }
 
@@ -89,7 +93,11 @@ impl<S: Store> App<S> {
         if path == "/admin" || path.starts_with("/admin/") {
             return crate::web::handle(&self.console, self.operator(), req).await;
         }
-        crate::probes::handle(self.gate.store(), self.gate.metrics(), req).await
+        let mut stores = vec![self.gate.store()];
+        if let Some(others) = self.other_gates.get() {
+            stores.extend(others.iter().map(|g| g.store()));
+        }
+        crate::probes::handle(&stores, self.gate.metrics(), req).await
     }
 }
 

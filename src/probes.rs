@@ -40,17 +40,21 @@ pub fn is_probe(start: &[u8]) -> bool {
     })
 }
 
+/// Answers a probe or the metrics. `stores` are the delivery runtimes' store handles,
+/// the first runtime's first: ready means every one answers (each runtime has its own
+/// store connection), and the breaker and the store's bounds are read from the first.
 pub async fn handle<S: Store, B>(
-    store: &S,
+    stores: &[&S],
     metrics: &Metrics,
     req: Request<B>,
 ) -> Response<Full<Bytes>> {
+    let store = stores[0];
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" => match store.ping().await {
+        "/readyz" => match ping_all(stores).await {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(e) => {
                 tracing::debug!(error = %e, "not ready");
@@ -73,6 +77,14 @@ pub async fn handle<S: Store, B>(
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// Pings each store in turn; the first error.
+async fn ping_all<S: Store>(stores: &[&S]) -> Result<(), crate::store::StoreError> {
+    for store in stores {
+        store.ping().await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

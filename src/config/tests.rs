@@ -69,6 +69,7 @@ breaker_cooldown = "250ms"
     assert_eq!(c.worker_threads, 3);
     assert!(!c.worker_threads_from_quota);
     assert_eq!(err("worker_threads = 0").field, "worker_threads");
+    assert!(err("worker_threads = 0").message.contains("leave it out"));
     assert_eq!(err("worker_threads = 257").field, "worker_threads");
     assert_eq!(err("worker_threads = \"all\"").field, "worker_threads");
     assert_eq!(c.body_timeout, Duration::from_secs(2));

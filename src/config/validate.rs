@@ -235,7 +235,12 @@ pub(super) fn validate(
     let worker_threads_from_quota = raw.worker_threads.is_none();
     let worker_threads = match raw.worker_threads {
         None => super::cpus::default_worker_threads() as u64,
-        given => parse_count("worker_threads", given, 1)?,
+        given => parse_count("worker_threads", given, 1).map_err(|e| {
+            ConfigError::new(
+                "worker_threads",
+                format!("{} (leave it out for one per CPU of the quota)", e.message),
+            )
+        })?,
     };
     let worker_threads = usize::try_from(worker_threads)
         .ok()

@@ -273,7 +273,9 @@ impl<S: Store> Bound<S> {
                     addr: config.listen,
                     source,
                 })?;
-                Runtimes::start(extra, addr, plan, &shared).await?
+                let (runtimes, gates) = Runtimes::start(extra, addr, plan, &shared).await?;
+                let _ = app.other_gates.set(gates);
+                runtimes
             }
             _ => Runtimes::none(),
         };

@@ -15,6 +15,7 @@ use super::ServeError;
 use super::webhooks::{self, Drained, Shared};
 use crate::app::SharedParts;
 use crate::config::Config;
+use crate::gate::Gate;
 use crate::providers::Routes;
 use crate::store::{Store, StoreError};
 
@@ -49,16 +50,17 @@ impl Runtimes {
     }
 
     /// Starts runtimes 1 to `count` on `addr` (the first runtime's bound address, so
-    /// that port 0 means one port for all); returns once each is listening, or with
-    /// the first one's error to start.
+    /// that port 0 means one port for all); returns once each is listening, with their
+    /// gates, or with the first one's error to start.
     pub async fn start<S: Store>(
         count: usize,
         addr: SocketAddr,
         plan: Plan<S>,
         shared: &Shared,
-    ) -> Result<Runtimes, ServeError> {
+    ) -> Result<(Runtimes, Vec<Arc<Gate<S>>>), ServeError> {
         let plan = Arc::new(plan);
         let mut drained = Vec::with_capacity(count);
+        let mut gates = Vec::with_capacity(count);
         for runtime in 1..=count {
             let (ready_tx, ready) = oneshot::channel();
             let (drained_tx, drained_rx) = oneshot::channel();
@@ -71,7 +73,10 @@ impl Runtimes {
                 return Err(ServeError::Runtime(format!("cannot start a thread: {e}")));
             }
             match ready.await {
-                Ok(Ok(())) => drained.push(drained_rx),
+                Ok(Ok(gate)) => {
+                    drained.push(drained_rx);
+                    gates.push(gate);
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
                     return Err(ServeError::Runtime(format!(
@@ -80,7 +85,7 @@ impl Runtimes {
                 }
             }
         }
-        Ok(Runtimes { drained })
+        Ok((Runtimes { drained }, gates))
     }
 
     /// Waits for every extra runtime to drain (each within the shutdown grace);
@@ -105,7 +110,7 @@ fn run<S: Store>(
     addr: SocketAddr,
     plan: &Plan<S>,
     shared: Shared,
-    ready: oneshot::Sender<Result<(), ServeError>>,
+    ready: oneshot::Sender<Result<Arc<Gate<S>>, ServeError>>,
     drained: oneshot::Sender<Drained>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -132,7 +137,7 @@ fn run<S: Store>(
                 return;
             }
         };
-        if ready.send(Ok(())).is_err() {
+        if ready.send(Ok(gate.clone())).is_err() {
             return; // the sidecar gave up starting
         }
         let report = webhooks::serve(listener, gate.clone(), shared, runtime).await;
