@@ -1,7 +1,7 @@
 //! The wiring, built once at start: the gate, its store, upstream and metrics, the
 //! operator console and the optional async queue. The listeners serve through it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -25,6 +25,9 @@ pub struct App<S> {
     pub queue: Option<Arc<AsyncMode>>,
     /// Operators' bulk jobs, when a queue backend (which keeps them) is given.
     pub jobs: Option<Arc<JobRunner<S>>>,
+    /// The other delivery runtimes' gates (`worker_threads` > 1), set once they run:
+    /// `/readyz` asks each one's store.
+    pub other_gates: OnceLock<Vec<Arc<Gate<S>>>>,
 }
 
 impl<S: Store> App<S> {
@@ -55,7 +58,17 @@ impl<S: Store> App<S> {
             console: Console::new(config, metrics),
             queue,
             jobs,
+            other_gates: OnceLock::new(),
         })
+    }
+
+    /// What another delivery runtime's gate shares with this one's.
+    pub fn shared_parts(&self) -> SharedParts {
+        SharedParts {
+            metrics: self.gate.metrics().clone(),
+            queue: self.queue.clone(),
+            tracer: self.gate.tracer().clone(),
+        }
     }
 
     /// The handles an operator's action uses.
@@ -80,6 +93,39 @@ impl<S: Store> App<S> {
         if path == "/admin" || path.starts_with("/admin/") {
             return crate::web::handle(&self.console, self.operator(), req).await;
         }
-        crate::probes::handle(self.gate.store(), self.gate.metrics(), req).await
+        let mut stores = vec![self.gate.store()];
+        if let Some(others) = self.other_gates.get() {
+            stores.extend(others.iter().map(|g| g.store()));
+        }
+        crate::probes::handle(&stores, self.gate.metrics(), req).await
+    }
+}
+
+/// What every delivery runtime's gate shares (one per process): the metrics registry,
+/// the async queue it hands off to and the tracer. Each runtime's store and upstream
+/// client are its own.
+#[derive(Clone)]
+pub struct SharedParts {
+    metrics: Arc<Metrics>,
+    queue: Option<Arc<AsyncMode>>,
+    tracer: Tracer,
+}
+
+impl SharedParts {
+    /// A gate for another delivery runtime, on `store`, built on that runtime.
+    pub fn gate<S: Store>(
+        &self,
+        config: &Config,
+        routes: &Routes,
+        store: S,
+    ) -> Result<Gate<S>, ConfigError> {
+        Ok(Gate::new(
+            config,
+            routes,
+            store,
+            self.metrics.clone(),
+            self.queue.clone(),
+        )?
+        .with_tracer(self.tracer.clone()))
     }
 }

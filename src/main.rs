@@ -67,8 +67,9 @@ fn init_logging(default: &str) -> Result<idemgate::logging::Guard, String> {
     Ok(guard)
 }
 
-/// The runtime that runs deliveries: tokio's `current_thread` scheduler for one thread
-/// (the sidecar's default, `worker_threads = 1`), the multi-thread scheduler otherwise.
+/// A tokio runtime: the `current_thread` scheduler for one thread, the multi-thread
+/// scheduler otherwise. The sidecar runs on one `current_thread` runtime, and
+/// `server::run` starts a thread with a runtime of its own per further `worker_threads`.
 fn runtime(worker_threads: usize) -> tokio::runtime::Runtime {
     let mut builder = if worker_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -195,7 +196,7 @@ fn main() -> ExitCode {
             if config.routes.is_empty() {
                 tracing::warn!("no routes configured: every delivery will be answered 404");
             }
-            let result = runtime(config.worker_threads).block_on(idemgate::server::run(
+            let result = runtime(1).block_on(idemgate::server::run(
                 config,
                 routes,
                 idemgate::server::shutdown_signal(),

@@ -40,11 +40,15 @@ pub fn is_probe(start: &[u8]) -> bool {
     })
 }
 
+/// Answers a probe or the metrics. `stores` are the delivery runtimes' store handles,
+/// the first runtime's first: ready means every one answers (each runtime has its own
+/// store connection), and the breaker and the store's bounds are read from the first.
 pub async fn handle<S: Store, B>(
-    store: &S,
+    stores: &[&S],
     metrics: &Metrics,
     req: Request<B>,
 ) -> Response<Full<Bytes>> {
+    let store = stores[0];
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
@@ -52,7 +56,7 @@ pub async fn handle<S: Store, B>(
         // Live unless the store cannot work again in this process (the `file:`
         // store's journal failed): the kubelet then restarts the container, and the
         // restart replays the directory.
-        "/healthz" => match store.broken() {
+        "/healthz" => match stores.iter().find_map(|s| s.broken()) {
             None => text(StatusCode::OK, "ok\n"),
             Some(e) => {
                 tracing::error!(error = %e, "not live: the store needs a restart");
@@ -62,7 +66,7 @@ pub async fn handle<S: Store, B>(
                 )
             }
         },
-        "/readyz" => match store.ping().await {
+        "/readyz" => match ping_all(stores).await {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(e) => {
                 tracing::debug!(error = %e, "not ready");
@@ -88,6 +92,14 @@ pub async fn handle<S: Store, B>(
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// Pings each store in turn; the first error.
+async fn ping_all<S: Store>(stores: &[&S]) -> Result<(), crate::store::StoreError> {
+    for store in stores {
+        store.ping().await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

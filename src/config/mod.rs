@@ -14,6 +14,7 @@ use std::time::Duration;
 use http::Uri;
 
 mod bounds;
+pub mod cpus;
 mod overrides;
 mod parse;
 mod raw;
@@ -79,12 +80,13 @@ pub struct Config {
     pub max_in_flight: usize,
     /// Open webhook connections; a new one past it is closed at once.
     pub max_connections: usize,
-    /// Threads that run deliveries: 1 (the default) = one thread, tokio's
-    /// `current_thread` scheduler; more = the multi-thread scheduler with that many
-    /// workers. One thread costs ~20% less CPU per delivery and halves the p99 added at a
-    /// moderate rate (no cross-thread wake-ups; BENCHMARKS.md) and still serves more than
-    /// 10,000 deliveries/s; raise it only when one core is not enough.
+    /// Delivery runtimes: each its own thread running tokio's `current_thread`
+    /// scheduler with its own webhook listener (`SO_REUSEPORT` on `listen`), store
+    /// connection and upstream client; 1 = today's one thread, no extra one. Absent =
+    /// one per CPU of the cgroup's quota (`cpus::default_worker_threads`).
     pub worker_threads: usize,
+    /// Whether `worker_threads` was left out and came from the CPU quota.
+    pub worker_threads_from_quota: bool,
     pub store: StoreConfig,
     pub dedup: DedupConfig,
     pub routes: Vec<RouteConfig>,

@@ -70,7 +70,16 @@ impl Config {
         let _ = writeln!(out, "body_timeout = {}", q(&d(self.body_timeout)));
         let _ = writeln!(out, "max_in_flight = {}", self.max_in_flight);
         let _ = writeln!(out, "max_connections = {}", self.max_connections);
-        let _ = writeln!(out, "worker_threads = {}", self.worker_threads);
+        if self.worker_threads_from_quota {
+            // Commented out, so that this output read again still follows the quota.
+            let _ = writeln!(
+                out,
+                "# worker_threads = {}  (left out: one runtime per CPU of the cgroup's quota)",
+                self.worker_threads
+            );
+        } else {
+            let _ = writeln!(out, "worker_threads = {}", self.worker_threads);
+        }
         if !self.operator_tokens.is_empty() {
             let tokens: Vec<String> = self
                 .operator_tokens

@@ -37,7 +37,13 @@ fn defaults_without_a_file_use_the_memory_store() {
     assert_eq!(c.body_timeout, Duration::from_secs(10));
     assert_eq!(c.max_in_flight, 1024);
     assert_eq!(c.max_connections, 4096);
-    assert_eq!(c.worker_threads, 1);
+    assert_eq!(c.worker_threads, super::cpus::default_worker_threads());
+    assert!(c.worker_threads_from_quota);
+    // check-config shows the number, commented out so the output still follows the quota
+    let shown = format!("# worker_threads = {}  (left out", c.worker_threads);
+    assert!(c.redacted_toml().contains(&shown), "{}", c.redacted_toml());
+    let again = Config::from_toml_with_env(&c.redacted_toml(), env_none).unwrap();
+    assert!(again.worker_threads_from_quota);
     assert_eq!(c.store.breaker_threshold, 5);
     assert_eq!(c.store.breaker_cooldown, Duration::from_secs(1));
 }
@@ -61,7 +67,9 @@ breaker_cooldown = "250ms"
     .unwrap();
     assert_eq!((c.max_in_flight, c.max_connections), (8, 16));
     assert_eq!(c.worker_threads, 3);
+    assert!(!c.worker_threads_from_quota);
     assert_eq!(err("worker_threads = 0").field, "worker_threads");
+    assert!(err("worker_threads = 0").message.contains("leave it out"));
     assert_eq!(err("worker_threads = 257").field, "worker_threads");
     assert_eq!(err("worker_threads = \"all\"").field, "worker_threads");
     assert_eq!(c.body_timeout, Duration::from_secs(2));

@@ -231,7 +231,17 @@ pub(super) fn validate(
     };
     let max_in_flight = cap("max_in_flight", max_in_flight)?;
     let max_connections = cap("max_connections", max_connections)?;
-    let worker_threads = parse_count("worker_threads", raw.worker_threads, 1)?;
+    // Absent: one runtime per CPU of the quota; an explicit number wins.
+    let worker_threads_from_quota = raw.worker_threads.is_none();
+    let worker_threads = match raw.worker_threads {
+        None => super::cpus::default_worker_threads() as u64,
+        given => parse_count("worker_threads", given, 1).map_err(|e| {
+            ConfigError::new(
+                "worker_threads",
+                format!("{} (leave it out for one per CPU of the quota)", e.message),
+            )
+        })?,
+    };
     let worker_threads = usize::try_from(worker_threads)
         .ok()
         .filter(|n| *n <= 256)
@@ -489,6 +499,7 @@ pub(super) fn validate(
         max_in_flight,
         max_connections,
         worker_threads,
+        worker_threads_from_quota,
         store,
         dedup,
         routes,

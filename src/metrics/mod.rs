@@ -200,6 +200,9 @@ pub struct Metrics {
     pub connections: IntGauge,
     /// Webhook connections closed at once because `max_connections` were open.
     pub connections_refused: IntCounter,
+    /// Webhook connections accepted, by the delivery runtime whose listener the kernel
+    /// gave them to (`runtime`: 0 to `worker_threads` - 1): how evenly it spreads them.
+    pub connections_accepted: IntCounterVec,
     /// Spans the trace exporter gave up (`reason`: `queue_full`, `export_failed`).
     pub trace_spans_dropped: IntCounterVec,
     queue: QueueFamilies,
@@ -372,6 +375,14 @@ impl Metrics {
             "Webhook connections closed on accept because max_connections were open.",
         )
         .expect("valid metric");
+        let connections_accepted = IntCounterVec::new(
+            Opts::new(
+                "idemgate_connections_accepted_total",
+                "Webhook connections accepted, by the delivery runtime (worker thread) that took them.",
+            ),
+            &["runtime"],
+        )
+        .expect("valid metric");
         let lease_lost = IntCounterVec::new(
             Opts::new(
                 "idemgate_lease_lost_total",
@@ -418,6 +429,7 @@ impl Metrics {
             Box::new(store_oldest_age.clone()),
             Box::new(connections.clone()),
             Box::new(connections_refused.clone()),
+            Box::new(connections_accepted.clone()),
             Box::new(trace_spans_dropped.clone()),
             Box::new(lease_lost.clone()),
             Box::new(build_info),
@@ -451,6 +463,7 @@ impl Metrics {
             store_oldest_age,
             connections,
             connections_refused,
+            connections_accepted,
             trace_spans_dropped,
             queue,
             activity: Mutex::new(HashMap::new()),

@@ -13,7 +13,7 @@
 //! Generic over the store, so the Redis store, the memory store and any future store
 //! share it.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::log::{ClaimLog, Settled};
@@ -113,7 +113,8 @@ impl Circuit {
 /// See the module documentation.
 pub struct Breaker<S> {
     inner: S,
-    circuit: Mutex<Circuit>,
+    /// Shared by the breakers of every delivery runtime (`Breaker::sharing`).
+    circuit: Arc<Mutex<Circuit>>,
 }
 
 /// Puts a half-open breaker back to "probe again" if the probe is dropped unfinished.
@@ -135,7 +136,17 @@ impl<S: Store> Breaker<S> {
     pub fn new(inner: S, threshold: u32, cooldown: Duration) -> Breaker<S> {
         Breaker {
             inner,
-            circuit: Mutex::new(Circuit::new(threshold, cooldown)),
+            circuit: Arc::new(Mutex::new(Circuit::new(threshold, cooldown))),
+        }
+    }
+
+    /// A breaker on `inner` (another delivery runtime's handle on the same store) that
+    /// shares `other`'s circuit: a dead store is asked `threshold` times in all, not
+    /// that many per runtime, and `/readyz` follows every runtime's calls.
+    pub fn sharing(inner: S, other: &Breaker<S>) -> Breaker<S> {
+        Breaker {
+            inner,
+            circuit: other.circuit.clone(),
         }
     }
 

@@ -116,7 +116,8 @@ async fn three_sidecars_on_one_redis_forward_300_copies_once() {
         r#"{"replica":"answer"}"#,
         Duration::from_millis(300),
     ));
-    // The replicas run both schedulers: one thread (the default), 2 and 4 workers.
+    // The replicas run one delivery runtime, 2 and 4 (each its own listener and store
+    // connection).
     let mut scs = Vec::new();
     for threads in ["1", "2", "4"] {
         scs.push(

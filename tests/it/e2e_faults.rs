@@ -71,7 +71,10 @@ async fn redis_killed_paused_slept_and_restarted_under_load() {
         Duration::from_millis(10),
         Box::new(Mode::default_ok()),
     ));
+    // Two delivery runtimes, one breaker: the threshold counts both runtimes' calls
+    // (each 503 closes its connection, so the deliveries spread over both).
     let sc = SidecarBuilder::new(&up.url(), &redis.url())
+        .top("worker_threads", "2")
         .store_opt("timeout", "500ms")
         .store_opt("breaker_threshold", "3")
         .store_opt("breaker_cooldown", "300ms")
@@ -143,7 +146,10 @@ async fn a_dead_store_opens_the_breaker_and_readyz_follows() {
     let _heavy = crate::common::exclusive().await;
     let mut redis = RedisServer::start_new();
     let up = Upstream::start().await;
+    // Two delivery runtimes, one breaker: the threshold counts both runtimes' calls
+    // (each 503 closes its connection, so the deliveries spread over both).
     let sc = SidecarBuilder::new(&up.url(), &redis.url())
+        .top("worker_threads", "2")
         .store_opt("timeout", "500ms")
         .store_opt("breaker_threshold", "3")
         .store_opt("breaker_cooldown", "2s")

@@ -33,6 +33,7 @@ mod e2e_protect;
 mod e2e_providers;
 mod e2e_roundtrips;
 mod e2e_route_dedup;
+mod e2e_runtimes;
 mod e2e_sentinel_auth;
 mod e2e_soak;
 mod e2e_tls;

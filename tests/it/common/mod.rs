@@ -1034,7 +1034,10 @@ impl SidecarBuilder {
                 exit: None,
             };
             match sc.wait_healthy(Duration::from_secs(10)).await {
-                Ok(()) => return sc,
+                Ok(()) => {
+                    sc.wait_log_written().await;
+                    return sc;
+                }
                 Err(e) => {
                     last_err = format!(
                         "{e}\n--- config ---\n{}\n--- stderr ---\n{}",
@@ -1098,6 +1101,18 @@ impl Sidecar {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+
+    /// Waits until the start's log lines are in the stderr file: they are written in
+    /// batches (`idemgate::logging`), and "idemgate serving", logged before `/healthz`
+    /// can answer, is the last of them; a test reading the log at once finds them all.
+    async fn wait_log_written(&self) {
+        wait_until(
+            Duration::from_secs(10),
+            "the start's log lines written",
+            || self.stderr().contains("idemgate serving"),
+        )
+        .await;
     }
 
     /// The exit status if the process has exited.

@@ -33,6 +33,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::task::TaskTracker;
 
+mod runtimes;
+mod webhooks;
+
+pub use runtimes::StoreFactory;
+use runtimes::{Plan, Runtimes};
+use webhooks::Shared;
+
 use crate::app::App;
 use crate::config::{Config, StoreUrl};
 use crate::conn::Lifetime;
@@ -75,14 +82,23 @@ pub enum ServeError {
     Config(#[from] crate::config::ConfigError),
     #[error("store: {0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("delivery runtime: {0}")]
+    Runtime(String),
 }
 
-/// Runs the sidecar on the store the configuration names until `shutdown` resolves.
+/// Runs the sidecar on the store the configuration names until `shutdown` resolves,
+/// on `worker_threads` delivery runtimes (this one and one thread per extra runtime).
 pub async fn run(
     config: Config,
     routes: Routes,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let config = Arc::new(config);
+    let routes = Arc::new(routes);
+    let (threshold, cooldown) = (
+        config.store.breaker_threshold,
+        config.store.breaker_cooldown,
+    );
     match &config.store.url {
         StoreUrl::Memory | StoreUrl::File(_) => {
             let options = MemoryOptions::new(RouteLifetimes::from_config(&config))
@@ -105,12 +121,13 @@ pub async fn run(
             let queue = Arc::new(queue);
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
-            let store = Breaker::new(
-                store,
-                config.store.breaker_threshold,
-                config.store.breaker_cooldown,
-            );
-            Bound::bind_with_queue(&config, &routes, store, Some(queue))
+            let breaker = Breaker::new(store.clone(), threshold, cooldown);
+            // Every runtime shares the one in-process store, and the one breaker.
+            let first = Breaker::sharing(store, &breaker);
+            let more: StoreFactory<_> =
+                Arc::new(move || Ok(Breaker::sharing(first.inner().clone(), &first)));
+            let store = breaker;
+            Bound::bind_runtimes(&config, &routes, store, Some(queue), more)
                 .await?
                 .serve(shutdown)
                 .await
@@ -120,12 +137,17 @@ pub async fn run(
             // The queue holds the plain store: the breaker guards admission of new
             // deliveries, and the workers' own retries/backoff handle a store outage.
             let queue = Arc::new(crate::store::RedisQueue::new(store.clone()));
-            let store = Breaker::new(
-                store,
-                config.store.breaker_threshold,
-                config.store.breaker_cooldown,
-            );
-            Bound::bind_with_queue(&config, &routes, store, Some(queue))
+            let breaker = Breaker::new(store.clone(), threshold, cooldown);
+            // Each runtime builds its own store on itself: its own connection and
+            // delivery log writer, so a delivery's Redis calls stay on its thread. The
+            // breaker's circuit is one for all (`first` only carries it).
+            let first = Breaker::sharing(store, &breaker);
+            let more: StoreFactory<_> = {
+                let config = config.clone();
+                Arc::new(move || Ok(Breaker::sharing(RedisStore::from_config(&config)?, &first)))
+            };
+            let store = breaker;
+            Bound::bind_runtimes(&config, &routes, store, Some(queue), more)
                 .await?
                 .serve(shutdown)
                 .await
@@ -140,8 +162,11 @@ pub struct Bound<S> {
     app: Arc<App<S>>,
     grace: Duration,
     header_timeout: Duration,
-    max_in_flight: usize,
-    max_connections: usize,
+    /// What this runtime shares with the others: the bounds and the stop signal.
+    shared: Shared,
+    stop: watch::Sender<bool>,
+    /// The delivery runtimes past this one, listening already.
+    runtimes: Runtimes,
 }
 
 impl<S: Store> Bound<S> {
@@ -150,35 +175,119 @@ impl<S: Store> Bound<S> {
     }
 
     /// As `bind`, with async mode (docs/async.md) on `queue` for the configuration's
-    /// async routes; nothing changes when no route is async.
+    /// async routes; nothing changes when no route is async. One delivery runtime,
+    /// whatever `worker_threads` says.
     pub async fn bind_with_queue(
         config: &Config,
         routes: &Routes,
         store: S,
         queue: Option<Arc<dyn crate::queue::QueueBackend>>,
     ) -> Result<Self, ServeError> {
+        Self::bind_inner(config, routes, store, queue, None).await
+    }
+
+    /// As `bind_with_queue`, on `config.worker_threads` delivery runtimes: this one
+    /// on `store`, each other on a store `more` builds on that runtime.
+    pub async fn bind_runtimes(
+        config: &Arc<Config>,
+        routes: &Arc<Routes>,
+        store: S,
+        queue: Option<Arc<dyn crate::queue::QueueBackend>>,
+        more: StoreFactory<S>,
+    ) -> Result<Self, ServeError> {
+        let more = More {
+            config: config.clone(),
+            routes: routes.clone(),
+            store: more,
+        };
+        Self::bind_inner(config, routes, store, queue, Some(more)).await
+    }
+
+    async fn bind_inner(
+        config: &Config,
+        routes: &Routes,
+        store: S,
+        queue: Option<Arc<dyn crate::queue::QueueBackend>>,
+        more: Option<More<S>>,
+    ) -> Result<Self, ServeError> {
         let app = Arc::new(App::new(config, routes, store, queue)?);
-        let listener =
+        let extra = more
+            .as_ref()
+            .map_or(0, |_| config.worker_threads.saturating_sub(1));
+        let listener = if extra == 0 {
             TcpListener::bind(config.listen)
                 .await
                 .map_err(|source| ServeError::Bind {
                     addr: config.listen,
                     source,
-                })?;
+                })?
+        } else {
+            webhooks::check_free(config.listen)?;
+            webhooks::bind_shared(config.listen)?
+        };
         let admin = TcpListener::bind(config.admin_listen)
             .await
             .map_err(|source| ServeError::Bind {
                 addr: config.admin_listen,
                 source,
             })?;
+        let header_timeout = config.header_timeout;
+        // An idle connection, HTTP/1 or HTTP/2, is closed at `header_timeout`.
+        let lifetime = Lifetime {
+            keep_alive: header_timeout,
+            idle: header_timeout,
+            max_age: MAX_CONNECTION_AGE,
+            drain: config.shutdown_grace,
+        };
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .max_buf_size(MAX_HEAD_BYTES)
+            .keep_alive(true);
+        builder
+            .http2()
+            .max_concurrent_streams(MAX_H2_STREAMS)
+            .max_header_list_size(MAX_HEAD_BYTES as u32);
+        lifetime.configure(&mut builder);
+        let (stop, stopping) = watch::channel(false);
+        let shared = Shared {
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+            in_flight: Arc::new(Semaphore::new(config.max_in_flight)),
+            stopping,
+            builder,
+            lifetime,
+            header_timeout,
+            grace: config.shutdown_grace,
+        };
+        let runtimes = match more {
+            Some(more) if extra > 0 => {
+                let plan = Plan {
+                    config: more.config,
+                    routes: more.routes,
+                    store: more.store,
+                    parts: app.shared_parts(),
+                };
+                let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+                let (runtimes, gates) = Runtimes::start(extra, addr, plan, &shared).await?;
+                let _ = app.other_gates.set(gates);
+                runtimes
+            }
+            _ => Runtimes::none(),
+        };
         Ok(Bound {
             listener,
             admin,
             app,
             grace: config.shutdown_grace,
-            header_timeout: config.header_timeout,
-            max_in_flight: config.max_in_flight,
-            max_connections: config.max_connections,
+            header_timeout,
+            shared,
+            stop,
+            runtimes,
         })
     }
 
@@ -199,7 +308,7 @@ impl<S: Store> Bound<S> {
     }
 
     /// Serves until `shutdown` resolves, then stops accepting and drains the
-    /// deliveries in flight for up to the shutdown grace.
+    /// deliveries in flight, on every delivery runtime, for up to the shutdown grace.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
         let Bound {
             listener,
@@ -207,39 +316,22 @@ impl<S: Store> Bound<S> {
             app,
             grace,
             header_timeout,
-            max_in_flight,
-            max_connections,
+            shared,
+            stop,
+            runtimes,
         } = self;
         let gate = app.gate.clone();
         tracing::info!(
             listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             admin = %admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            runtimes = runtimes.count() + 1,
             "idemgate serving"
         );
-        // An idle connection, HTTP/1 or HTTP/2, is closed at `header_timeout`.
-        let lifetime = Lifetime {
-            keep_alive: header_timeout,
-            idle: header_timeout,
-            max_age: MAX_CONNECTION_AGE,
-            drain: grace,
-        };
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .max_buf_size(MAX_HEAD_BYTES)
-            .keep_alive(true);
-        builder
-            .http2()
-            .max_concurrent_streams(MAX_H2_STREAMS)
-            .max_header_list_size(MAX_HEAD_BYTES as u32);
-        lifetime.configure(&mut builder);
         let admin_lifetime = Lifetime {
             drain: ADMIN_DRAIN,
-            ..lifetime
+            ..shared.lifetime
         };
-        let mut admin_builder = builder.clone();
+        let mut admin_builder = shared.builder.clone();
         admin_builder
             .http2()
             .max_concurrent_streams(MAX_ADMIN_H2_STREAMS);
@@ -249,119 +341,28 @@ impl<S: Store> Bound<S> {
         if let Some(jobs) = &app.jobs {
             jobs.start_sweeper();
         }
-        let (stop, stopping) = watch::channel(false);
-        let deliveries = TaskTracker::new();
-        let conns = TaskTracker::new();
-        let admin_conns = TaskTracker::new();
-        let connections = Arc::new(Semaphore::new(max_connections));
-        let admin_slots = AdminSlots::new();
-        let in_flight = Arc::new(Semaphore::new(max_in_flight));
-        tokio::pin!(shutdown);
-
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let Some((stream, _)) = accepted_stream(accepted).await else { continue };
-                    // Over the limit: close at once (the client sees the connection
-                    // end) rather than queue it.
-                    let Ok(slot) = connections.clone().try_acquire_owned() else {
-                        gate.metrics().connections_refused.inc();
-                        tracing::debug!("max_connections reached: connection closed");
-                        drop(stream);
-                        continue;
-                    };
-                    let open = OpenConnection::new(&gate.metrics().connections);
-                    let gate = gate.clone();
-                    let deliveries = deliveries.clone();
-                    let in_flight = in_flight.clone();
-                    let svc = service_fn(move |req: http::Request<Incoming>| {
-                        // Spawned at once, so a provider hanging up cannot cancel it.
-                        let pending = match in_flight.clone().try_acquire_owned() {
-                            Ok(permit) => {
-                                let gate = gate.clone();
-                                Ok(deliveries.spawn(async move {
-                                    let _permit = permit;
-                                    gate.handle(req).await
-                                }))
-                            }
-                            Err(_) => Err(gate.overloaded(req.uri().path())),
-                        };
-                        async move {
-                            Ok::<_, Infallible>(match pending {
-                                Ok(task) => task.await.unwrap_or_else(|_| internal_error()),
-                                Err(answer) => answer,
-                            })
-                        }
-                    });
-                    let builder = builder.clone();
-                    let mut stopping = stopping.clone();
-                    conns.spawn(async move {
-                        let _slot = slot;
-                        let _open = open;
-                        let started = tokio::select! {
-                            started = first_bytes(&stream, header_timeout) => started,
-                            _ = stopping.wait_for(|s| *s) => false,
-                        };
-                        if !started {
-                            return;
-                        }
-                        let stop = async move {
-                            let _ = stopping.wait_for(|s| *s).await;
-                        };
-                        crate::conn::serve(&builder, TokioIo::new(stream), svc, lifetime, stop).await;
-                    });
-                }
-                accepted = admin.accept() => {
-                    let Some((stream, peer)) = accepted_stream(accepted).await else { continue };
-                    let Ok(pending) = admin_slots.pending.clone().try_acquire_owned() else {
-                        drop(stream);
-                        continue;
-                    };
-                    let app = app.clone();
-                    let svc = service_fn(move |mut req: http::Request<Incoming>| {
-                        req.extensions_mut().insert(crate::web::ClientIp(peer.ip()));
-                        let app = app.clone();
-                        async move { Ok::<_, Infallible>(app.admin(req).await) }
-                    });
-                    let builder = admin_builder.clone();
-                    let slots = admin_slots.clone();
-                    // Probes and metrics are served through shutdown's drain, as before.
-                    admin_conns.spawn(async move {
-                        if !first_bytes(&stream, header_timeout).await {
-                            return;
-                        }
-                        let Some(_slot) = slots.classify(&stream).await else {
-                            tracing::debug!("admin connections full for its kind: one closed");
-                            return;
-                        };
-                        drop(pending);
-                        let stop = std::future::pending::<()>();
-                        crate::conn::serve(&builder, TokioIo::new(stream), svc, admin_lifetime, stop).await;
-                    });
-                }
-                _ = &mut shutdown => break,
+        let admin_settings = AdminSettings {
+            builder: admin_builder,
+            lifetime: admin_lifetime,
+            header_timeout,
+        };
+        let admin = serve_admin(admin, app.clone(), admin_settings, shared.stopping.clone());
+        let webhooks = webhooks::serve(listener, gate.clone(), shared, 0);
+        let stopper = async {
+            shutdown.await;
+            // Queue workers stop taking entries now and finish the calls in hand below.
+            if let Some(queue) = &app.queue {
+                queue.stop();
             }
-        }
-
-        drop(listener);
-        drop(admin);
-        // Queue workers stop taking entries now and finish the calls in hand below.
-        if let Some(queue) = &app.queue {
-            queue.stop();
-        }
-        tracing::info!(
-            in_flight = gate.metrics().in_flight.get(),
-            "shutting down: draining deliveries in flight"
-        );
-        deliveries.close();
-        let draining_since = tokio::time::Instant::now();
-        let _ = stop.send(true);
-        conns.close();
-        let drained = tokio::time::timeout(grace, async {
-            conns.wait().await;
-            deliveries.wait().await;
-        })
-        .await;
+            tracing::info!(
+                in_flight = gate.metrics().in_flight.get(),
+                "shutting down: draining deliveries in flight"
+            );
+            let _ = stop.send(true);
+            tokio::time::Instant::now()
+        };
+        let ((), own, draining_since) = tokio::join!(admin, webhooks, stopper);
+        let remaining = own.remaining + runtimes.wait().await;
         if let Some(queue) = &app.queue {
             queue
                 .wait(grace.saturating_sub(draining_since.elapsed()))
@@ -377,15 +378,86 @@ impl<S: Store> Bound<S> {
         crate::store::log::DeliveryLog::flush(gate.store()).await;
         // The spans still queued for export (at most 2 s; docs/tracing.md).
         gate.tracer().shutdown().await;
-        match drained {
-            Ok(()) => tracing::info!("all deliveries drained"),
-            Err(_) => tracing::warn!(
-                remaining = deliveries.len(),
+        if remaining == 0 {
+            tracing::info!("all deliveries drained");
+        } else {
+            tracing::warn!(
+                remaining,
                 "shutdown grace elapsed with deliveries still in flight; their claims free at lease expiry"
-            ),
+            );
         }
         Ok(())
     }
+}
+
+/// What `bind_runtimes` builds the other delivery runtimes from.
+struct More<S> {
+    config: Arc<Config>,
+    routes: Arc<Routes>,
+    store: StoreFactory<S>,
+}
+
+/// How the admin listener serves its connections.
+struct AdminSettings {
+    builder: auto::Builder<TokioExecutor>,
+    lifetime: Lifetime,
+    header_timeout: Duration,
+}
+
+/// Accepts on the admin listener (probes, metrics, the console) until the stop
+/// signal; the connections open then are served on through the drain, as before.
+async fn serve_admin<S: Store>(
+    admin: TcpListener,
+    app: Arc<App<S>>,
+    settings: AdminSettings,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let AdminSettings {
+        builder,
+        lifetime,
+        header_timeout,
+    } = settings;
+    let admin_slots = AdminSlots::new();
+    let admin_conns = TaskTracker::new();
+    loop {
+        tokio::select! {
+            accepted = admin.accept() => {
+                let Some((stream, peer)) = accepted_stream(accepted).await else { continue };
+                let Ok(pending) = admin_slots.pending.clone().try_acquire_owned() else {
+                    drop(stream);
+                    continue;
+                };
+                let app = app.clone();
+                let svc = service_fn(move |mut req: http::Request<Incoming>| {
+                    req.extensions_mut().insert(crate::web::ClientIp(peer.ip()));
+                    let app = app.clone();
+                    async move { Ok::<_, Infallible>(app.admin(req).await) }
+                });
+                let builder = builder.clone();
+                let slots = admin_slots.clone();
+                // Probes and metrics are served through shutdown's drain, as before.
+                admin_conns.spawn(async move {
+                    if !first_bytes(&stream, header_timeout).await {
+                        return;
+                    }
+                    let Some(_slot) = slots.classify(&stream).await else {
+                        tracing::debug!("admin connections full for its kind: one closed");
+                        return;
+                    };
+                    drop(pending);
+                    let stop = std::future::pending::<()>();
+                    crate::conn::serve(&builder, TokioIo::new(stream), svc, lifetime, stop).await;
+                });
+            }
+            () = stopped(&mut stopping) => break,
+        }
+    }
+}
+
+/// Resolves once the stop signal is given, or its sender is gone (a sidecar dropped
+/// before it served).
+async fn stopped(stopping: &mut watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
 }
 
 /// The admin listener's connection slots: one kind cannot take the other's.
