@@ -13,6 +13,7 @@ use crate::gate::Gate;
 use crate::metrics::Metrics;
 use crate::providers::Routes;
 use crate::queue::{AsyncMode, QueueBackend};
+use crate::reload::Reloader;
 use crate::store::Store;
 use crate::trace::Tracer;
 use crate::web::{Console, Operator};
@@ -25,6 +26,8 @@ pub struct App<S> {
     pub queue: Option<Arc<AsyncMode>>,
     /// Operators' bulk jobs, when a queue backend (which keeps them) is given.
     pub jobs: Option<Arc<JobRunner<S>>>,
+    /// Reloads the configuration into the gate's settings (src/reload).
+    pub reloader: Arc<Reloader>,
 }
 
 impl<S: Store> App<S> {
@@ -50,8 +53,10 @@ impl<S: Store> App<S> {
             let names = config.routes.iter().map(|r| r.name.clone()).collect();
             JobRunner::new(gate.clone(), b, queue.clone(), names)
         });
+        let reloader = Arc::new(Reloader::new(gate.live().clone(), metrics.clone()));
         Ok(App {
             gate,
+            reloader,
             console: Console::new(config, metrics),
             queue,
             jobs,
@@ -66,6 +71,7 @@ impl<S: Store> App<S> {
             lifetimes: self.gate.lifetimes(),
             queue: self.queue.as_deref(),
             jobs: self.jobs.as_ref(),
+            reloader: &self.reloader,
         }
     }
 

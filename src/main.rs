@@ -40,6 +40,8 @@ enum Command {
     Routes(idemgate::RoutesArgs),
     /// Operators' bulk jobs (Redis): start a redrive or replay, show, list.
     Jobs(idemgate::JobsArgs),
+    /// Ask the running sidecar to reload its configuration (POST /admin/reload).
+    Reload(idemgate::ReloadArgs),
 }
 
 /// Sets up logging to stderr. Lines are formatted on the caller's thread and written in
@@ -136,6 +138,7 @@ fn main() -> ExitCode {
             let _log_guard = init_logging("warn,idemgate::audit=info").ok();
             idemgate::jobs_main(cli.config.as_deref(), args)
         }
+        Command::Reload(args) => idemgate::reload_main(cli.config.as_deref(), args),
         Command::CheckConfig => match idemgate::providers::load(cli.config.as_deref()) {
             Ok((config, _routes)) => {
                 // A `file:` store's directory must be creatable, writable and free.

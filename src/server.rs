@@ -249,6 +249,8 @@ impl<S: Store> Bound<S> {
         if let Some(jobs) = &app.jobs {
             jobs.start_sweeper();
         }
+        // SIGHUP and the watched config/secret files reload the configuration.
+        let _reload_triggers = crate::reload::spawn_triggers(app.reloader.clone());
         let (stop, stopping) = watch::channel(false);
         let deliveries = TaskTracker::new();
         let conns = TaskTracker::new();

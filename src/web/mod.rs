@@ -13,6 +13,7 @@
 //! slowed per client address (`throttle`); every body is read within `body_timeout`.
 
 mod api;
+mod config_api;
 mod control;
 mod pages;
 mod pages_ops;
@@ -49,6 +50,8 @@ pub struct Operator<'a, S> {
     pub queue: Option<&'a AsyncMode>,
     /// Operators' bulk jobs (none without a queue backend).
     pub jobs: Option<&'a std::sync::Arc<crate::deliveries::jobs::JobRunner<S>>>,
+    /// `POST /admin/reload` and `GET /admin/config`.
+    pub reloader: &'a crate::reload::Reloader,
 }
 
 /// The session cookie's name.
@@ -354,7 +357,14 @@ where
         .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
 
     // The JSON API: bearer tokens only.
-    let api = ["deliveries", "dead-letters", "routes", "jobs"];
+    let api = [
+        "deliveries",
+        "dead-letters",
+        "routes",
+        "jobs",
+        "reload",
+        "config",
+    ];
     if segs.get(1).is_some_and(|s| api.contains(s)) {
         let Some(caller) = console.bearer(&parts.headers) else {
             let presented = parts.headers.contains_key(header::AUTHORIZATION);
@@ -372,6 +382,9 @@ where
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
         };
+        if matches!(segs.get(1), Some(&"reload") | Some(&"config")) {
+            return config_api::handle(op.reloader, &caller, &method, &segs[1..]).await;
+        }
         if matches!(segs.get(1), Some(&"routes") | Some(&"jobs")) {
             let body = match console.read_body(body, control::MAX_BODY).await {
                 Ok(body) => body,
