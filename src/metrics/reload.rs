@@ -1,4 +1,4 @@
-//! The live configuration reload's metrics (src/reload, docs/configuration.md "Reload"):
+//! The live configuration reload's metrics (src/reload, docs/reload.md):
 //! what an alert needs to say that the configuration in force is not the one on disk.
 
 use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};

@@ -1,4 +1,4 @@
-//! Live configuration reload (docs/configuration.md, "Reloading without a restart").
+//! Live configuration reload (docs/reload.md).
 //!
 //! A reload reads the configuration file again, resolves and validates it exactly as
 //! at start (every error `check-config` gives), refuses what only a restart can change
