@@ -51,4 +51,4 @@ pub use deliveries::ops_cli::{JobsArgs, RoutesArgs, jobs_main, routes_main};
 pub use demo::run as run_demo;
 pub use inject::injector::{InjectorArgs, run as run_injector};
 pub use inject::{InjectArgs, main as inject_main};
-pub use reload::cli::{ReloadArgs, main as reload_main};
+pub use reload::cli::{ReloadArgs, main as reload_main, show_running as show_running_config};

@@ -25,8 +25,14 @@ struct Cli {
 enum Command {
     /// Run the sidecar (the default).
     Run,
-    /// Validate the configuration and print it with secrets redacted.
-    CheckConfig,
+    /// Validate the configuration and print it with secrets redacted (`--running`: the
+    /// running sidecar's configuration in force, and since when).
+    CheckConfig {
+        #[arg(long)]
+        running: bool,
+        #[command(flatten)]
+        admin: idemgate::ReloadArgs,
+    },
     /// A self-contained tour on the in-memory store.
     Demo,
     /// Add the idemgate sidecar to Kubernetes YAML (file or stdin) and print it.
@@ -139,7 +145,11 @@ fn main() -> ExitCode {
             idemgate::jobs_main(cli.config.as_deref(), args)
         }
         Command::Reload(args) => idemgate::reload_main(cli.config.as_deref(), args),
-        Command::CheckConfig => match idemgate::providers::load(cli.config.as_deref()) {
+        Command::CheckConfig {
+            running: true,
+            admin,
+        } => idemgate::show_running_config(cli.config.as_deref(), admin),
+        Command::CheckConfig { .. } => match idemgate::providers::load(cli.config.as_deref()) {
             Ok((config, _routes)) => {
                 // A `file:` store's directory must be creatable, writable and free.
                 if let idemgate::config::StoreUrl::File(dir) = &config.store.url

@@ -1,6 +1,8 @@
 //! `idemgate reload`: asks the running sidecar to reload (`POST /admin/reload` on
 //! `admin_listen`, with an admin token) and prints its answer: what changed, or why
 //! nothing was applied. Exit status 0 only when the reload applied.
+//! `idemgate check-config --running` prints the configuration in force
+//! (`GET /admin/config`) and when it was loaded.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -8,7 +10,8 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// `idemgate reload` (with `--config`, the sidecar's file: its `admin_listen` is asked).
+/// Which running sidecar to ask, and with which token (`idemgate reload`,
+/// `idemgate check-config --running`; with `--config`, its `admin_listen` is asked).
 #[derive(clap::Args)]
 pub struct ReloadArgs {
     /// The admin listener to ask (default: `admin_listen` of the configuration, with
@@ -35,7 +38,7 @@ pub fn main(config: Option<&Path>, args: ReloadArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match post_reload(addr, &token) {
+    match request(addr, "POST", "/admin/reload", &token) {
         Ok((status, body)) => {
             println!("{body}");
             if status == 200 {
@@ -81,14 +84,60 @@ fn admin_listen(config: Option<&Path>) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-/// The status and body of `POST /admin/reload` (HTTP/1.1, one request).
-fn post_reload(addr: SocketAddr, token: &str) -> std::io::Result<(u16, String)> {
+/// `idemgate check-config --running`: the running sidecar's configuration in force
+/// (redacted) on stdout, its file and load time on stderr.
+pub fn show_running(config: Option<&Path>, args: ReloadArgs) -> ExitCode {
+    let Some(token) = args.token.filter(|t| !t.is_empty()) else {
+        eprintln!(
+            "idemgate check-config --running: give an admin token (--token or IDEMGATE_ADMIN_TOKEN)"
+        );
+        return ExitCode::from(2);
+    };
+    let addr = match args.admin.map_or_else(|| admin_listen(config), Ok) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("idemgate check-config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let shown = request(addr, "GET", "/admin/config", &token).map(|(status, body)| {
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        (status, v)
+    });
+    match shown {
+        Ok((200, v)) => {
+            print!("{}", v["config"].as_str().unwrap_or_default());
+            eprintln!(
+                "in force since {} (from {})",
+                v["loaded_at"].as_str().unwrap_or("?"),
+                v["source"].as_str().unwrap_or("defaults and environment")
+            );
+            ExitCode::SUCCESS
+        }
+        Ok((status, v)) => {
+            eprintln!("idemgate check-config: HTTP {status}: {v}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("idemgate check-config: cannot ask {addr}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The status and body of one request without a body (HTTP/1.1, one connection).
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
     s.set_read_timeout(Some(TIMEOUT))?;
     s.set_write_timeout(Some(TIMEOUT))?;
     write!(
         s,
-        "POST /admin/reload HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
          Content-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
     let mut answer = Vec::new();

@@ -109,6 +109,18 @@ async fn sighup_puts_a_new_secret_in_force_from_the_first_request_after_the_swit
     assert!(!text.contains(SECRET_2) && !text.contains(SECRET), "{text}");
     assert!(shown.json["loaded_at"].as_str().unwrap().starts_with("20"));
     assert_eq!(api(&sc, "GET", "/admin/config", None).await.status, 401);
+
+    // `idemgate check-config --running`: the same, from the command line.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["check-config", "--running", "--config"])
+        .arg(sc.config_path())
+        .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), text);
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(note.contains("in force since 20"), "{note}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
