@@ -54,10 +54,11 @@ impl<S: Store> App<S> {
             JobRunner::new(gate.clone(), b, queue.clone(), names)
         });
         let reloader = Arc::new(Reloader::new(gate.live().clone(), metrics.clone()));
+        let console = Console::new(config, metrics).with_live(gate.live().clone());
         Ok(App {
             gate,
             reloader,
-            console: Console::new(config, metrics),
+            console,
             queue,
             jobs,
         })

@@ -6,8 +6,7 @@ use std::fmt;
 use crate::config::{Config, RouteConfig, RouteMode, Secret};
 
 /// The fields whose change needs a restart, named as `check-config` names them: the
-/// listeners, the upstream client, the store and its lifetimes, the admin tokens, the
-/// `[async]` queue, `[tracing]`, and every async route's worker settings. `started` is
+/// listeners, the upstream client, the store and its lifetimes, the `[async]` queue, `[tracing]`, and every async route's worker settings. `started` is
 /// the configuration the process started with (its store and async workers were built
 /// from it), `new` the one read now; empty: the reload may apply.
 pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
@@ -58,12 +57,6 @@ pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
     // The store keeps each route's lease and retention from start.
     check("dedup.lease", a.dedup.lease == b.dedup.lease);
     check("dedup.retention", a.dedup.retention == b.dedup.retention);
-    let tokens = |c: &Config| -> Vec<(String, Vec<u8>)> {
-        let t = c.operator_tokens.iter();
-        t.map(|t| (t.name.clone(), t.secret.value.clone()))
-            .collect()
-    };
-    check("admin_token", tokens(a) == tokens(b));
     check(
         "async.claim_idle",
         a.async_queue.claim_idle == b.async_queue.claim_idle,
@@ -173,6 +166,12 @@ pub fn changes(old: &Config, new: &Config) -> Changes {
         }
     };
     other("max_body", old.max_body == new.max_body);
+    let tokens = |c: &Config| -> Vec<(String, Vec<u8>)> {
+        let t = c.operator_tokens.iter();
+        t.map(|t| (t.name.clone(), t.secret.value.clone()))
+            .collect()
+    };
+    other("admin_token", tokens(old) == tokens(new));
     other("body_timeout", old.body_timeout == new.body_timeout);
     other(
         "dedup.in_flight",

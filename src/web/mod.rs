@@ -71,9 +71,8 @@ struct Session {
 
 /// The console's state, built once from the configuration.
 pub struct Console {
-    /// (name, secret) of each admin token.
-    tokens: Vec<(String, Vec<u8>)>,
-    routes: Vec<String>,
+    /// The configuration whose admin tokens and routes the console serves.
+    config: ConfigSource,
     /// Where the per-minute activity of each route is read from.
     metrics: std::sync::Arc<Metrics>,
     sessions: Mutex<HashMap<String, Session>>,
@@ -81,6 +80,21 @@ pub struct Console {
     throttle: throttle::Throttle,
     /// A request body (a form, a control request) arrives within this, or is refused.
     body_timeout: Duration,
+}
+
+/// Where the console reads its configuration: fixed at start, or the settings in force.
+enum ConfigSource {
+    Fixed(std::sync::Arc<Config>),
+    Live(crate::gate::Live),
+}
+
+impl ConfigSource {
+    fn get(&self) -> std::sync::Arc<Config> {
+        match self {
+            ConfigSource::Fixed(c) => c.clone(),
+            ConfigSource::Live(l) => l.load().config().clone(),
+        }
+    }
 }
 
 /// Who is asking, once authenticated.
@@ -93,12 +107,7 @@ pub(crate) struct Caller {
 impl Console {
     pub fn new(config: &Config, metrics: std::sync::Arc<Metrics>) -> Console {
         Console {
-            tokens: config
-                .operator_tokens
-                .iter()
-                .map(|t| (t.name.clone(), t.secret.value.clone()))
-                .collect(),
-            routes: config.routes.iter().map(|r| r.name.clone()).collect(),
+            config: ConfigSource::Fixed(std::sync::Arc::new(config.clone())),
             metrics,
             sessions: Mutex::new(HashMap::new()),
             throttle: throttle::Throttle::default(),
@@ -106,9 +115,16 @@ impl Console {
         }
     }
 
+    /// The console reading its admin tokens and routes from the settings in force, so
+    /// that a live reload (src/reload) changes them.
+    pub fn with_live(mut self, live: crate::gate::Live) -> Console {
+        self.config = ConfigSource::Live(live);
+        self
+    }
+
     /// Whether `/admin/` is on (at least one token is configured).
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty()
+        !self.config.get().operator_tokens.is_empty()
     }
 
     /// The last hour of `route`'s activity, for the chart.
@@ -116,8 +132,14 @@ impl Console {
         self.metrics.last_hour(route)
     }
 
-    pub fn routes(&self) -> &[String] {
-        &self.routes
+    /// The names of the routes in force.
+    pub fn routes(&self) -> Vec<String> {
+        self.config
+            .get()
+            .routes
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
     }
 
     /// The name of the token `presented` is, compared in constant time against every
@@ -127,10 +149,10 @@ impl Console {
         use sha2::Digest as _;
         let presented = sha2::Sha256::digest(presented);
         let mut found = None;
-        for (name, secret) in &self.tokens {
-            let secret = sha2::Sha256::digest(secret);
+        for t in &self.config.get().operator_tokens {
+            let secret = sha2::Sha256::digest(&t.secret.value);
             if bool::from(secret.as_slice().ct_eq(presented.as_slice())) {
-                found = Some(name.clone());
+                found = Some(t.name.clone());
             }
         }
         found
@@ -404,7 +426,8 @@ where
                 }
             };
             let req = (&parts.headers, body);
-            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], req).await;
+            return control::handle(&op, &caller, &console.routes(), &method, &segs[1..], req)
+                .await;
         }
         return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }

@@ -202,14 +202,33 @@ async fn a_route_removed_by_a_reload_answers_404_and_one_added_is_served() {
     let sc = builder(&upstream, &[SECRET]).start().await;
     let mut other = RouteCfg::standard("b", "/webhooks/b");
     other.secrets = vec![SECRET.into()];
+    // A rotated admin token too (kept in a file, as a Secret volume would).
+    const ROTATED: &str = "ops-token-rotated-0123456789";
+    std::fs::write(sc.dir().join("ops-token"), ROTATED).unwrap();
+    let token_file = format!("ops=file:{}", sc.dir().join("ops-token").display());
     let next = SidecarBuilder::new(&upstream.url(), "memory")
         .route(other)
+        .top("admin_token", &token_file)
         .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
         .toml(sc.listen, sc.admin);
+    assert_eq!(
+        api(&sc, "GET", "/admin/config", Some(ROTATED)).await.status,
+        401
+    );
     rewrite(&sc, &next);
     let a = api(&sc, "POST", "/admin/reload", Some(TOKEN)).await;
     assert_eq!(a.status, 200, "{:?}", a.json);
-    assert_eq!(a.json["changes"], "routes added: b; routes removed: wh");
+    assert_eq!(
+        a.json["changes"],
+        "routes added: b; routes removed: wh; changed: admin_token"
+    );
+    assert_eq!(
+        api(&sc, "GET", "/admin/config", Some(ROTATED)).await.status,
+        200
+    );
+    // The console lists the routes in force: the new one is searchable.
+    let listed = api(&sc, "GET", "/admin/deliveries?route=b", Some(ROTATED)).await;
+    assert_eq!(listed.status, 200, "{:?}", listed.json);
     let gone = Delivery::fresh();
     let r = post(
         &sc.client,
