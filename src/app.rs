@@ -49,10 +49,7 @@ impl<S: Store> App<S> {
         let gate = Arc::new(
             Gate::new(config, routes, store, metrics.clone(), queue.clone())?.with_tracer(tracer),
         );
-        let jobs = backend.map(|b| {
-            let names = config.routes.iter().map(|r| r.name.clone()).collect();
-            JobRunner::new(gate.clone(), b, queue.clone(), names)
-        });
+        let jobs = backend.map(|b| JobRunner::new(gate.clone(), b, queue.clone()));
         let reloader = Arc::new(Reloader::new(gate.live().clone(), metrics.clone()));
         let console = Console::new(config, metrics).with_live(gate.live().clone());
         Ok(App {

@@ -229,6 +229,18 @@ async fn a_route_removed_by_a_reload_answers_404_and_one_added_is_served() {
     // The console lists the routes in force: the new one is searchable.
     let listed = api(&sc, "GET", "/admin/deliveries?route=b", Some(ROTATED)).await;
     assert_eq!(listed.status, 200, "{:?}", listed.json);
+    // Bulk jobs know the routes in force too.
+    let job = |route: &str| {
+        let body = serde_json::json!({"kind": "replay", "route": route, "filter": {}});
+        sc.client
+            .post(sc.admin_url("/admin/jobs"))
+            .bearer_auth(ROTATED)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    assert_eq!(job("b").await.unwrap().status().as_u16(), 202);
+    assert_eq!(job(ROUTE).await.unwrap().status().as_u16(), 400);
     let gone = Delivery::fresh();
     let r = post(
         &sc.client,
