@@ -50,7 +50,11 @@ impl<S: Store> App<S> {
             Gate::new(config, routes, store, metrics.clone(), queue.clone())?.with_tracer(tracer),
         );
         let jobs = backend.map(|b| JobRunner::new(gate.clone(), b, queue.clone()));
-        let reloader = Arc::new(Reloader::new(gate.live().clone(), metrics.clone()));
+        let reloader = Arc::new(Reloader::new(
+            gate.live().clone(),
+            queue.clone(),
+            metrics.clone(),
+        ));
         let console = Console::new(config, metrics).with_live(gate.live().clone());
         Ok(App {
             gate,

@@ -195,7 +195,10 @@ impl<S: Store> Gate<S> {
     fn async_route(
         &self,
         route: &Route,
-    ) -> Option<(&Arc<crate::queue::AsyncMode>, &crate::config::AsyncRoute)> {
+    ) -> Option<(
+        &Arc<crate::queue::AsyncMode>,
+        Arc<crate::config::AsyncRoute>,
+    )> {
         let mode = self.async_mode.as_ref()?;
         Some((mode, mode.route(&route.name)?))
     }
@@ -449,7 +452,7 @@ impl<S: Store> Gate<S> {
                 Step::Replay(_) | Step::Acknowledge
                     if let Some((_, a)) = self.async_route(route) =>
                 {
-                    return (Outcome::Replayed, crate::queue::ack_answer(a));
+                    return (Outcome::Replayed, crate::queue::ack_answer(&a));
                 }
                 Step::Acknowledge => {
                     // A sync route finding a queued key (its mode was changed while

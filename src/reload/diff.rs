@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use crate::config::{Config, RouteConfig, RouteMode, Secret};
+use std::time::Duration;
+
+use crate::config::{AsyncRoute, Config, RouteConfig, RouteMode, Secret, Throttle};
 
 /// The fields whose change needs a restart, named as `check-config` names them: the
 /// listeners, the upstream client, the store and its lifetimes, the `[async]` queue, `[tracing]`, and every async route's worker settings. `started` is
@@ -85,10 +87,31 @@ pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
     fields
 }
 
-/// An async route's settings that its worker (built at start) reads: all but its
-/// secrets, timestamp tolerance and copy handling, which the gate reads per delivery.
+/// An async route's settings that its worker holds from start: all but its secrets,
+/// timestamp tolerance and copy handling (the gate reads them per delivery) and its
+/// async policy (acknowledgement, attempts, backoff, rate: the worker loads it per
+/// attempt), except `max_concurrency` (this process's own bound is sized at start) and
+/// `order_key`.
 fn worker_settings(r: &RouteConfig) -> String {
     let mut r = r.clone();
+    if let RouteMode::Async(a) = &mut r.mode {
+        let fixed = AsyncRoute {
+            ack_status: 0,
+            ack_body: String::new(),
+            max_attempts: 0,
+            max_age: Duration::ZERO,
+            backoff: Duration::ZERO,
+            max_backoff: Duration::ZERO,
+            throttle: Throttle {
+                max_concurrency: a.throttle.max_concurrency,
+                rate: None,
+                burst: 0.0,
+                retry_after_cap: Duration::ZERO,
+            },
+            order_key: a.order_key.take(),
+        };
+        *a = fixed;
+    }
     r.secrets.clear();
     r.tolerance = None;
     r.custom.verify_token = None;

@@ -11,8 +11,9 @@
 //! A route removed by a reload answers 404 like an unknown path from the switch on.
 //! Its async entries already queued are neither lost nor dropped: the route's worker,
 //! built at start, keeps delivering them under the route's last settings (an async
-//! route's worker settings cannot change without a restart), and its dead letters stay
-//! listed and redrivable.
+//! route cannot be added or its worker's settings changed without a restart; its
+//! policy, acknowledgement to rate, is swapped with the routes), and its dead letters
+//! stay listed and redrivable.
 
 pub mod cli;
 mod diff;
@@ -27,6 +28,7 @@ use std::time::SystemTime;
 use crate::config::{Config, ConfigError};
 use crate::gate::{Live, Settings};
 use crate::metrics::Metrics;
+use crate::queue::AsyncMode;
 
 /// Why a reload applied nothing.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,8 @@ pub struct Applied {
 /// Reloads the configuration into the settings every gate reads.
 pub struct Reloader {
     live: Live,
+    /// The async routes' policies, swapped with the routes (none without async routes).
+    queue: Option<Arc<AsyncMode>>,
     metrics: Arc<Metrics>,
     /// The configuration the process started with: its listeners, store and async
     /// workers were built from it, and stay.
@@ -72,10 +76,11 @@ pub struct Reloader {
 impl Reloader {
     /// The reloader of the settings in `live`, which were built from the configuration
     /// the process started with.
-    pub fn new(live: Live, metrics: Arc<Metrics>) -> Reloader {
+    pub fn new(live: Live, queue: Option<Arc<AsyncMode>>, metrics: Arc<Metrics>) -> Reloader {
         let started = live.load().config().clone();
         Reloader {
             live,
+            queue,
             metrics,
             started,
             busy: tokio::sync::Mutex::new(()),
@@ -133,6 +138,9 @@ impl Reloader {
         let settings =
             Settings::build(config, routes, &self.metrics).map_err(ReloadError::Invalid)?;
         let loaded_at = settings.loaded_at();
+        if let Some(queue) = &self.queue {
+            queue.update(settings.config());
+        }
         self.live.store(settings);
         Ok(Applied { changes, loaded_at })
     }

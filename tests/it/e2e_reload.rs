@@ -457,3 +457,52 @@ async fn a_delivery_in_flight_at_the_switch_finishes_under_the_settings_it_start
     );
     assert_eq!(upstream.count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_route_s_acknowledgement_and_retry_policy_change_live() {
+    let upstream = Upstream::start().await;
+    upstream.set_mode(Mode::Status(503));
+    let queued = |policy: &str| {
+        let mut q = RouteCfg::standard("q", "/webhooks/q");
+        q.extra =
+            format!("mode = \"async\"\nbackoff = \"50ms\"\nmax_backoff = \"100ms\"\n{policy}");
+        SidecarBuilder::new(&upstream.url(), "memory")
+            .route(q)
+            .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
+    };
+    let sc = queued("ack_body = \"first\"\nmax_attempts = 1000\n")
+        .start()
+        .await;
+    let send = || async {
+        let d = Delivery::fresh().path("/webhooks/q");
+        post(
+            &sc.client,
+            &sc.url("/webhooks/q"),
+            &d.headers(),
+            d.body.clone(),
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!(send().await.text(), "first");
+    upstream.wait_for_count(2, Duration::from_secs(10)).await; // retrying
+
+    let next = queued("ack_body = \"second\"\nmax_attempts = 3\n").toml(sc.listen, sc.admin);
+    rewrite(&sc, &next);
+    let a = api(&sc, "POST", "/admin/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, 200, "{:?}", a.json);
+    assert_eq!(a.json["changes"], "routes edited: q");
+    assert_eq!(
+        send().await.text(),
+        "second",
+        "the new acknowledgement at once"
+    );
+    // The entry queued before, retrying under max_attempts = 1000, now stops at 3:
+    // both entries end as dead letters.
+    eventually(
+        Duration::from_secs(30),
+        "both entries dead-lettered",
+        || async { sc.metric("idemgate_dead_letters_total{route=\"q\"}").await == 2.0 },
+    )
+    .await;
+}

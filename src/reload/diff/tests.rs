@@ -94,16 +94,43 @@ fn listeners_store_tracing_and_lifetimes_need_a_restart_admin_tokens_do_not() {
 }
 
 #[test]
-fn an_async_route_keeps_its_worker_settings_but_may_rotate_secrets_or_go() {
-    let worker = route("q", &[S1], "mode = \"async\"\nack_body = \"ok\"");
+fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settings() {
+    let q = |extra: &str| {
+        route(
+            "q",
+            &[S1],
+            &format!("mode = \"async\"\nack_body = \"ok\"\nmax_concurrency = 2\n{extra}"),
+        )
+    };
+    let worker = q("");
     let started = config(&(worker.clone() + &route("s", &[S1], "")));
-    let rotated = config(&route("q", &[S2], "mode = \"async\"\nack_body = \"ok\""));
+    let rotated = config(&route(
+        "q",
+        &[S2],
+        "mode = \"async\"\nack_body = \"ok\"\nmax_concurrency = 2",
+    ));
     assert!(restart_needed(&started, &rotated).is_empty());
-    let edited = config(&route("q", &[S1], "mode = \"async\"\nack_body = \"other\""));
-    assert_eq!(
-        restart_needed(&started, &edited),
-        ["route q: async route settings"]
-    );
+    let policy = config(&route(
+        "q",
+        &[S1],
+        "mode = \"async\"\nack_body = \"other\"\nmax_concurrency = 2\nrate = 5\nbackoff = \"2s\"\nmax_attempts = 3",
+    ));
+    assert!(restart_needed(&started, &policy).is_empty());
+    for held in [
+        route(
+            "q",
+            &[S1],
+            "mode = \"async\"\nack_body = \"ok\"\nmax_concurrency = 3",
+        ),
+        q("order_key = \"header:x\""),
+        q("upstream_path = \"/x\""),
+    ] {
+        assert_eq!(
+            restart_needed(&started, &config(&held)),
+            ["route q: async route settings"],
+            "{held}"
+        );
+    }
     let made_sync = config(&route("q", &[S1], ""));
     assert_eq!(
         restart_needed(&started, &made_sync),
