@@ -13,6 +13,7 @@ use crate::gate::Gate;
 use crate::metrics::Metrics;
 use crate::providers::Routes;
 use crate::queue::{AsyncMode, QueueBackend};
+use crate::reload::Reloader;
 use crate::store::Store;
 use crate::trace::Tracer;
 use crate::web::{Console, Operator};
@@ -28,6 +29,8 @@ pub struct App<S> {
     /// The other delivery runtimes' gates (`worker_threads` > 1), set once they run:
     /// `/readyz` asks each one's store.
     pub other_gates: OnceLock<Vec<Arc<Gate<S>>>>,
+    /// Reloads the configuration into the gate's settings (src/reload).
+    pub reloader: Arc<Reloader>,
 }
 
 impl<S: Store> App<S> {
@@ -49,13 +52,17 @@ impl<S: Store> App<S> {
         let gate = Arc::new(
             Gate::new(config, routes, store, metrics.clone(), queue.clone())?.with_tracer(tracer),
         );
-        let jobs = backend.map(|b| {
-            let names = config.routes.iter().map(|r| r.name.clone()).collect();
-            JobRunner::new(gate.clone(), b, queue.clone(), names)
-        });
+        let jobs = backend.map(|b| JobRunner::new(gate.clone(), b, queue.clone()));
+        let reloader = Arc::new(Reloader::new(
+            gate.live().clone(),
+            queue.clone(),
+            metrics.clone(),
+        ));
+        let console = Console::new(config, metrics).with_live(gate.live().clone());
         Ok(App {
             gate,
-            console: Console::new(config, metrics),
+            reloader,
+            console,
             queue,
             jobs,
             other_gates: OnceLock::new(),
@@ -68,6 +75,7 @@ impl<S: Store> App<S> {
             metrics: self.gate.metrics().clone(),
             queue: self.queue.clone(),
             tracer: self.gate.tracer().clone(),
+            live: self.gate.live().clone(),
         }
     }
 
@@ -79,6 +87,7 @@ impl<S: Store> App<S> {
             lifetimes: self.gate.lifetimes(),
             queue: self.queue.as_deref(),
             jobs: self.jobs.as_ref(),
+            reloader: &self.reloader,
         }
     }
 
@@ -102,13 +111,15 @@ impl<S: Store> App<S> {
 }
 
 /// What every delivery runtime's gate shares (one per process): the metrics registry,
-/// the async queue it hands off to and the tracer. Each runtime's store and upstream
+/// the async queue it hands off to, the tracer and the settings in force (one swap, so
+/// a reload reaches every runtime at once). Each runtime's store and upstream
 /// client are its own.
 #[derive(Clone)]
 pub struct SharedParts {
     metrics: Arc<Metrics>,
     queue: Option<Arc<AsyncMode>>,
     tracer: Tracer,
+    live: crate::gate::Live,
 }
 
 impl SharedParts {
@@ -126,6 +137,7 @@ impl SharedParts {
             self.metrics.clone(),
             self.queue.clone(),
         )?
-        .with_tracer(self.tracer.clone()))
+        .with_tracer(self.tracer.clone())
+        .with_live(self.live.clone()))
     }
 }

@@ -5,7 +5,6 @@
 //! The pure parts (what to do with each claim outcome, the shape of every answer) are
 //! plain functions; the I/O parts (store, upstream) are thin calls around them.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,12 +23,15 @@ use crate::upstream::{Outgoing, Upstream};
 
 /// The answer table as a pure function.
 mod decide;
+/// The routes and limits in force, swapped whole by a live reload.
+mod live;
 /// Forwarding without a claim: handshakes, keyless requests, a bypassed store.
 mod unclaimed;
 /// Recording a 2xx's completion, and the answer when the store does not hold it.
 mod unconfirmed;
 
 pub use decide::{Step, decide};
+pub use live::{Live, Settings};
 
 use crate::answer::{
     Answer, ErrorAnswer, error_answer, handshake_answer, identify_error_answer, replay_answer,
@@ -52,20 +54,14 @@ struct Delivery<'a> {
     token: Token,
 }
 
-struct RouteEntry {
-    route: Arc<Route>,
-    metrics: RouteMetrics,
-}
-
 /// Everything a delivery needs, built once at start and shared by all connections.
 pub struct Gate<S> {
-    routes: HashMap<String, RouteEntry>,
+    /// The routes, their metrics and the body limits in force (`live.rs`).
+    live: Live,
     no_route: RouteMetrics,
     store: S,
     upstream: Upstream,
     metrics: Arc<Metrics>,
-    max_body: usize,
-    body_timeout: Duration,
     on_error: OnStoreError,
     /// Every route's lease and retention (for an operator's replay of any route's key;
     /// a delivery reads its route's own `route.dedup`).
@@ -99,6 +95,48 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// `max_body` and `body_timeout` as in force when the delivery started.
+#[derive(Clone, Copy)]
+struct BodyLimits {
+    max_body: usize,
+    body_timeout: Duration,
+}
+
+/// Reads the body under `max_body` and `body_timeout`, refusing an announced oversize
+/// at once.
+async fn read_body<B>(
+    limits: BodyLimits,
+    headers: &http::HeaderMap,
+    body: B,
+) -> Result<Bytes, BodyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        && len > limits.max_body as u64
+    {
+        return Err(BodyError::TooLarge);
+    }
+    let read = Limited::new(body, limits.max_body).collect();
+    let Ok(read) = tokio::time::timeout(limits.body_timeout, read).await else {
+        return Err(BodyError::Slow);
+    };
+    match read {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(BodyError::TooLarge)
+        }
+        Err(_) => Err(BodyError::Broken),
+    }
+}
+
 /// Why reading a body stopped.
 enum BodyError {
     TooLarge,
@@ -115,22 +153,9 @@ impl<S: Store> Gate<S> {
         metrics: Arc<Metrics>,
         async_mode: Option<Arc<crate::queue::AsyncMode>>,
     ) -> Result<Self, crate::config::ConfigError> {
-        let mut routes = HashMap::with_capacity(config.routes.len());
-        for (i, rc) in config.routes.iter().enumerate() {
-            let route = built.route(config, i)?;
-            let mut also = Vec::new();
-            if route.has_handshakes() {
-                also.push(Outcome::Handshake);
-            }
-            if route.forwards_keyless() {
-                also.push(Outcome::Unkeyed);
-            }
-            let kind = RouteKind::of(rc, config.store.on_error);
-            let metrics = metrics.route(&rc.name, kind, &also);
-            routes.insert(rc.path.clone(), RouteEntry { route, metrics });
-        }
+        let live = Live::new(live::Settings::build(config.clone(), built, &metrics)?);
         Ok(Gate {
-            routes,
+            live,
             no_route: metrics.route("-", RouteKind::Unmatched, &[]),
             store,
             upstream: Upstream::new(
@@ -139,8 +164,6 @@ impl<S: Store> Gate<S> {
                 config.max_response,
             ),
             metrics,
-            max_body: config.max_body,
-            body_timeout: config.body_timeout,
             on_error: config.store.on_error,
             lifetimes: RouteLifetimes::from_config(config),
             async_mode,
@@ -154,6 +177,18 @@ impl<S: Store> Gate<S> {
         self
     }
 
+    /// The gate reading its routes from `live` (shared with the other gates of the
+    /// process and the reload) instead of its own.
+    pub fn with_live(mut self, live: Live) -> Self {
+        self.live = live;
+        self
+    }
+
+    /// The handle to the routes and limits in force.
+    pub fn live(&self) -> &Live {
+        &self.live
+    }
+
     pub fn tracer(&self) -> &Tracer {
         &self.tracer
     }
@@ -162,7 +197,10 @@ impl<S: Store> Gate<S> {
     fn async_route(
         &self,
         route: &Route,
-    ) -> Option<(&Arc<crate::queue::AsyncMode>, &crate::config::AsyncRoute)> {
+    ) -> Option<(
+        &Arc<crate::queue::AsyncMode>,
+        Arc<crate::config::AsyncRoute>,
+    )> {
         let mode = self.async_mode.as_ref()?;
         Some((mode, mode.route(&route.name)?))
     }
@@ -178,7 +216,8 @@ impl<S: Store> Gate<S> {
     /// The answer to a delivery refused because `max_in_flight` deliveries are in hand:
     /// a fast 503 before anything is read, counted `overloaded`.
     pub fn overloaded(&self, path: &str) -> Answer {
-        let (route, rm) = match self.routes.get(path) {
+        let live = self.live.load();
+        let (route, rm) = match live.routes.get(path) {
             Some(e) => (&*e.route.name, &e.metrics),
             None => ("-", &self.no_route),
         };
@@ -219,7 +258,9 @@ impl<S: Store> Gate<S> {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let started = Instant::now();
-        let Some(entry) = self.routes.get(req.uri().path()) else {
+        // Loaded once: the delivery finishes under these settings whatever a reload does.
+        let live = self.live.load();
+        let Some(entry) = live.routes.get(req.uri().path()) else {
             let r = ErrorAnswer::new(
                 Outcome::NoRoute,
                 StatusCode::NOT_FOUND,
@@ -256,7 +297,12 @@ impl<S: Store> Gate<S> {
         // Boxed: the delivery's state machine is several KiB (store and upstream calls
         // nested), and unboxed it would be copied whole each time the future moves
         // (into the task, into the tracker): 8% of the CPU in `memmove` before.
-        let delivery = Box::pin(self.deliver(&entry.route, &entry.metrics, req, &mut key_for_log));
+        let limits = BodyLimits {
+            max_body: live.max_body,
+            body_timeout: live.body_timeout,
+        };
+        let delivery =
+            Box::pin(self.deliver(&entry.route, &entry.metrics, limits, req, &mut key_for_log));
         let (outcome, answer) = trace::within(span.as_ref(), delivery).await;
         if let Some(s) = &mut span {
             s.set("http.response.status_code", answer.status().as_u16());
@@ -287,6 +333,7 @@ impl<S: Store> Gate<S> {
         &self,
         route: &Route,
         rm: &RouteMetrics,
+        limits: BodyLimits,
         req: Request<B>,
         key_for_log: &mut Option<String>,
     ) -> (Outcome, Answer)
@@ -295,14 +342,14 @@ impl<S: Store> Gate<S> {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (mut parts, body) = req.into_parts();
-        let body = match self.read_body(&parts.headers, body).await {
+        let body = match read_body(limits, &parts.headers, body).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
                 let r = ErrorAnswer::new(
                     Outcome::TooLarge,
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "too_large",
-                    format!("the body exceeds max_body ({} bytes)", self.max_body),
+                    format!("the body exceeds max_body ({} bytes)", limits.max_body),
                 );
                 return (r.outcome, error_answer(&r));
             }
@@ -409,7 +456,7 @@ impl<S: Store> Gate<S> {
                 Step::Replay(_) | Step::Acknowledge
                     if let Some((_, a)) = self.async_route(route) =>
                 {
-                    return (Outcome::Replayed, crate::queue::ack_answer(a));
+                    return (Outcome::Replayed, crate::queue::ack_answer(&a));
                 }
                 Step::Acknowledge => {
                     // A sync route finding a queued key (its mode was changed while
@@ -449,37 +496,6 @@ impl<S: Store> Gate<S> {
                         .await;
                 }
             }
-        }
-    }
-
-    /// Reads the body under `max_body` and `body_timeout`, refusing an announced
-    /// oversize at once.
-    async fn read_body<B>(&self, headers: &http::HeaderMap, body: B) -> Result<Bytes, BodyError>
-    where
-        B: Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        if let Some(len) = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            && len > self.max_body as u64
-        {
-            return Err(BodyError::TooLarge);
-        }
-        let read = Limited::new(body, self.max_body).collect();
-        let Ok(read) = tokio::time::timeout(self.body_timeout, read).await else {
-            return Err(BodyError::Slow);
-        };
-        match read {
-            Ok(c) => Ok(c.to_bytes()),
-            Err(e)
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some() =>
-            {
-                Err(BodyError::TooLarge)
-            }
-            Err(_) => Err(BodyError::Broken),
         }
     }
 

@@ -37,6 +37,7 @@ pub mod gate;
 // The operator's side: delivery log actions, the web console, probes.
 mod deliveries;
 mod probes;
+mod reload;
 mod web;
 
 // The wiring.
@@ -50,3 +51,4 @@ pub use deliveries::ops_cli::{JobsArgs, RoutesArgs, jobs_main, routes_main};
 pub use demo::run as run_demo;
 pub use inject::injector::{InjectorArgs, run as run_injector};
 pub use inject::{InjectArgs, main as inject_main};
+pub use reload::cli::{ReloadArgs, main as reload_main, show_running as show_running_config};

@@ -25,8 +25,14 @@ struct Cli {
 enum Command {
     /// Run the sidecar (the default).
     Run,
-    /// Validate the configuration and print it with secrets redacted.
-    CheckConfig,
+    /// Validate the configuration and print it with secrets redacted (`--running`: the
+    /// running sidecar's configuration in force, and since when).
+    CheckConfig {
+        #[arg(long)]
+        running: bool,
+        #[command(flatten)]
+        admin: idemgate::ReloadArgs,
+    },
     /// A self-contained tour on the in-memory store.
     Demo,
     /// Add the idemgate sidecar to Kubernetes YAML (file or stdin) and print it.
@@ -40,6 +46,8 @@ enum Command {
     Routes(idemgate::RoutesArgs),
     /// Operators' bulk jobs (Redis): start a redrive or replay, show, list.
     Jobs(idemgate::JobsArgs),
+    /// Ask the running sidecar to reload its configuration (POST /admin/reload).
+    Reload(idemgate::ReloadArgs),
 }
 
 /// Sets up logging to stderr. Lines are formatted on the caller's thread and written in
@@ -137,7 +145,12 @@ fn main() -> ExitCode {
             let _log_guard = init_logging("warn,idemgate::audit=info").ok();
             idemgate::jobs_main(cli.config.as_deref(), args)
         }
-        Command::CheckConfig => match idemgate::providers::load(cli.config.as_deref()) {
+        Command::Reload(args) => idemgate::reload_main(cli.config.as_deref(), args),
+        Command::CheckConfig {
+            running: true,
+            admin,
+        } => idemgate::show_running_config(cli.config.as_deref(), admin),
+        Command::CheckConfig { .. } => match idemgate::providers::load(cli.config.as_deref()) {
             Ok((config, _routes)) => {
                 // A `file:` store's directory must be creatable, writable and free.
                 if let idemgate::config::StoreUrl::File(dir) = &config.store.url

@@ -96,6 +96,9 @@ pub struct Config {
     pub async_queue: AsyncConfig,
     /// `[tracing]`: OpenTelemetry export (off unless an endpoint is set).
     pub tracing: TracingConfig,
+    /// The file it was read from (`None`: defaults and environment only): what a live
+    /// reload reads again (src/reload).
+    pub source: Option<std::path::PathBuf>,
 }
 
 /// `[async]`: how the async routes' queues are worked (see docs/async.md).
@@ -347,7 +350,33 @@ impl Config {
             })?,
             None => String::new(),
         };
-        Self::from_toml_with_env(&text, |name| std::env::var(name).ok())
+        let mut config = Self::from_toml_with_env(&text, |name| std::env::var(name).ok())?;
+        config.source = path.map(Path::to_path_buf);
+        Ok(config)
+    }
+
+    /// The files whose change may change this configuration: the file itself and each
+    /// `file:` secret (a live reload watches their directories).
+    pub fn watched_files(&self) -> Vec<std::path::PathBuf> {
+        let route_secrets = self.routes.iter().flat_map(|r| {
+            r.secrets
+                .iter()
+                .chain(r.custom.verify_token.as_ref())
+                .map(|s| s.source.as_str())
+        });
+        let tokens = self
+            .operator_tokens
+            .iter()
+            .map(|t| t.secret.source.as_str());
+        let mut files: Vec<std::path::PathBuf> = route_secrets
+            .chain(tokens)
+            .filter_map(|s| s.strip_prefix("file:"))
+            .map(std::path::PathBuf::from)
+            .chain(self.source.clone())
+            .collect();
+        files.sort();
+        files.dedup();
+        files
     }
 
     /// Parses and validates TOML text; `env` looks up environment variables (for the

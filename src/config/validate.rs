@@ -505,6 +505,7 @@ pub(super) fn validate(
         routes,
         operator_tokens: operator_tokens(raw.admin_token, env)?,
         tracing: super::tracing::tracing(raw.tracing, env)?,
+        source: None,
     };
     bounds::relations(&config)?;
     Ok(config)

@@ -319,7 +319,6 @@ pub struct JobRunner<S> {
     gate: Arc<Gate<S>>,
     backend: Arc<dyn QueueBackend>,
     queue: Option<Arc<AsyncMode>>,
-    routes: Vec<String>,
     async_routes: Vec<String>,
     /// This process's runner name: its consumer name and a nonce, so a restarted
     /// process (same pod name) never mistakes an old run's job for its own.
@@ -335,7 +334,6 @@ impl<S: Store> JobRunner<S> {
         gate: Arc<Gate<S>>,
         backend: Arc<dyn QueueBackend>,
         queue: Option<Arc<AsyncMode>>,
-        routes: Vec<String>,
     ) -> Arc<JobRunner<S>> {
         let async_routes = queue
             .as_ref()
@@ -345,7 +343,6 @@ impl<S: Store> JobRunner<S> {
             gate,
             backend,
             queue,
-            routes,
             async_routes,
             me: format!(
                 "{}:{}",
@@ -365,10 +362,14 @@ impl<S: Store> JobRunner<S> {
     /// Starts a job: reads its work list, stores it, runs it in the background; or,
     /// retried with the same idempotency key, answers the job the first try created.
     pub async fn start(self: &Arc<Self>, req: &JobRequest<'_>) -> Result<JobRecord, JobError> {
+        // The routes in force (a live reload may have added or removed some).
+        let routes: Vec<String> = (self.gate.live().load().config().routes.iter())
+            .map(|r| r.name.clone())
+            .collect();
         let planning = Planning {
             store: self.gate.store(),
             backend: &*self.backend,
-            routes: &self.routes,
+            routes: &routes,
             async_routes: &self.async_routes,
         };
         let (job, _) = create(&planning, req, &self.me).await?;

@@ -109,3 +109,26 @@ fn cpu_and_memory_set_the_requests_and_memory_the_limit_too() {
     assert_eq!(resources["limits"]["cpu"], Value::from("500m"));
     assert_eq!(resources["limits"]["memory"], Value::from("128Mi"));
 }
+
+/// A live reload (docs/kubernetes.md, "Rotating a secret") needs the kubelet to update
+/// the files in place: whole-volume mounts do, `subPath` mounts never do.
+#[test]
+fn the_config_and_secrets_are_whole_volume_mounts_that_update_in_place() {
+    let out = inject(DEPLOY, &SidecarOptions::default()).unwrap();
+    let v: Value = serde_norway::from_str(&out.yaml).unwrap();
+    let mounts = v["spec"]["template"]["spec"]["initContainers"][0]["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .clone();
+    let paths: Vec<&str> = mounts
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, [CONFIG_DIR, SECRETS_DIR]);
+    assert!(
+        mounts
+            .iter()
+            .all(|m| m.get("subPath").is_none() && m.get("subPathExpr").is_none())
+    );
+    assert!(!out.yaml.contains("subPath"));
+}

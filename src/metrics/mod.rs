@@ -3,7 +3,9 @@
 //! with no label lookup or allocation.
 
 mod activity;
+mod reload;
 pub use activity::SERIES;
+pub use reload::ReloadMetrics;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -206,6 +208,8 @@ pub struct Metrics {
     /// Spans the trace exporter gave up (`reason`: `queue_full`, `export_failed`).
     pub trace_spans_dropped: IntCounterVec,
     queue: QueueFamilies,
+    /// `idemgate_config_*`: live configuration reloads.
+    pub reload: ReloadMetrics,
     /// The per-minute activity ring of each configured route, read by the console.
     activity: Mutex<HashMap<String, Arc<RouteActivity>>>,
 }
@@ -444,6 +448,7 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric registered once");
         }
+        let reload = ReloadMetrics::register(&registry);
         let store_duration =
             StoreOp::ALL.map(|op| store_duration_vec.with_label_values(&[op.as_str()]));
         let store_errors =
@@ -466,6 +471,7 @@ impl Metrics {
             connections_accepted,
             trace_spans_dropped,
             queue,
+            reload,
             activity: Mutex::new(HashMap::new()),
         }
     }

@@ -137,11 +137,11 @@ impl AsyncMode {
         // entry, which the worker only acknowledges (its key completed).
         if let Err(e) = self
             .backend
-            .mark_queued(key, token, state.cfg.max_age)
+            .mark_queued(key, token, state.cfg.load().max_age)
             .await
         {
             tracing::warn!(route = &*key.route, key = key.logged(), error = %e, "marking the key queued failed; the claim frees at lease expiry");
         }
-        (Outcome::Queued, ack_answer(&state.cfg))
+        (Outcome::Queued, ack_answer(&state.cfg.load()))
     }
 }

@@ -99,7 +99,9 @@ pub fn ack_answer(cfg: &AsyncRoute) -> Answer {
 /// One async route: its built route (success rule, upstream path), policy and metrics.
 struct AsyncRouteState {
     route: Arc<Route>,
-    cfg: AsyncRoute,
+    /// Its policy in force: a live reload (src/reload) swaps it; each acknowledgement
+    /// and each delivery attempt loads it once.
+    cfg: arc_swap::ArcSwap<AsyncRoute>,
     metrics: QueueMetrics,
     /// Where the order value is read from (`order_key`); `None`: unordered.
     order: Option<KeySource>,
@@ -139,7 +141,7 @@ impl AsyncMode {
                 rc.name.clone(),
                 Arc::new(AsyncRouteState {
                     route,
-                    cfg: cfg.clone(),
+                    cfg: arc_swap::ArcSwap::from_pointee(cfg.clone()),
                     metrics: metrics.queue(&rc.name),
                     order,
                     pace: pace::Pace::new(
@@ -176,9 +178,21 @@ impl AsyncMode {
         self
     }
 
-    /// The async policy of `route`, if it is an async route.
-    pub fn route(&self, route: &str) -> Option<&AsyncRoute> {
-        self.routes.get(route).map(|r| &r.cfg)
+    /// The async policy in force of `route`, if it is an async route.
+    pub fn route(&self, route: &str) -> Option<Arc<AsyncRoute>> {
+        self.routes.get(route).map(|r| r.cfg.load_full())
+    }
+
+    /// Puts in force the policies of `config`'s async routes (a live reload, once the
+    /// configuration is valid and may apply: the routes are this mode's own, and their
+    /// `max_concurrency` and `order_key` unchanged). A route `config` no longer has
+    /// keeps its last policy: its worker delivers what is queued.
+    pub fn update(&self, config: &Config) {
+        for rc in &config.routes {
+            if let (RouteMode::Async(cfg), Some(state)) = (&rc.mode, self.routes.get(&rc.name)) {
+                state.cfg.store(Arc::new(cfg.clone()));
+            }
+        }
     }
 
     pub fn consumer(&self) -> &str {

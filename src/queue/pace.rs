@@ -90,7 +90,8 @@ impl AsyncMode {
         order: Option<(&str, &str)>,
     ) -> Option<Admitted> {
         let route: &str = &state.route.name;
-        let t = &state.cfg.throttle;
+        let cfg = state.cfg.load();
+        let t = &cfg.throttle;
         let slot = format!(
             "{}:{}",
             self.consumer,
@@ -144,7 +145,7 @@ impl AsyncMode {
 
     /// Gives an attempt's concurrency slot back (its local permit goes with it).
     pub(super) async fn leave(&self, state: &AsyncRouteState, admitted: Admitted) {
-        if state.cfg.throttle.max_concurrency.is_none() {
+        if state.cfg.load().throttle.max_concurrency.is_none() {
             return;
         }
         if let Err(e) = self.backend.leave(&state.route.name, &admitted.slot).await {

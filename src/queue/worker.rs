@@ -223,7 +223,6 @@ impl AsyncMode {
     /// key's claim.
     async fn deliver(&self, state: &AsyncRouteState, id: &str, entry: QueueEntry) {
         let route: &str = &state.route.name;
-        let cfg = &state.cfg;
         let key = DeliveryKey::new(state.route.name.clone(), entry.key.clone());
         let order = entry.order.as_deref();
         let mut last_error = String::new();
@@ -231,6 +230,8 @@ impl AsyncMode {
             if self.stop.is_cancelled() {
                 return; // left pending: taken over by another consumer
             }
+            // Each attempt under the route's settings in force (a reload may change them).
+            let cfg = state.cfg.load_full();
             let ordered = state.order.as_ref().and(order).map(|o| (o, id));
             let Some(admitted) = self.admitted(state, ordered).await else {
                 return;
@@ -396,7 +397,7 @@ impl AsyncMode {
                     if let Err(e) = self.backend.unlock(&key, token, false).await {
                         tracing::warn!(route, key = key.logged(), error = %e, "unlock failed; the key frees at lease expiry");
                     }
-                    let wait = backoff_delay(cfg, attempt, rand::random::<f64>());
+                    let wait = backoff_delay(&cfg, attempt, rand::random::<f64>());
                     if !self.pause(wait).await {
                         return;
                     }

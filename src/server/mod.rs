@@ -341,6 +341,8 @@ impl<S: Store> Bound<S> {
         if let Some(jobs) = &app.jobs {
             jobs.start_sweeper();
         }
+        // SIGHUP and the watched config/secret files reload the configuration.
+        let _reload_triggers = crate::reload::spawn_triggers(app.reloader.clone());
         let admin_settings = AdminSettings {
             builder: admin_builder,
             lifetime: admin_lifetime,

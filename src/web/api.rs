@@ -80,7 +80,7 @@ pub(crate) async fn handle<S: Store>(
     }
     match (method, &segs[1..]) {
         (&Method::GET, []) => {
-            let q = match list_query(console.routes(), query) {
+            let q = match list_query(&console.routes(), query) {
                 Ok(q) => q,
                 Err(m) => return json_error(StatusCode::BAD_REQUEST, "bad_request", &m),
             };

@@ -13,6 +13,7 @@
 //! slowed per client address (`throttle`); every body is read within `body_timeout`.
 
 mod api;
+mod config_api;
 mod control;
 mod pages;
 mod pages_ops;
@@ -49,6 +50,8 @@ pub struct Operator<'a, S> {
     pub queue: Option<&'a AsyncMode>,
     /// Operators' bulk jobs (none without a queue backend).
     pub jobs: Option<&'a std::sync::Arc<crate::deliveries::jobs::JobRunner<S>>>,
+    /// `POST /admin/reload` and `GET /admin/config`.
+    pub reloader: &'a crate::reload::Reloader,
 }
 
 /// The session cookie's name.
@@ -68,9 +71,8 @@ struct Session {
 
 /// The console's state, built once from the configuration.
 pub struct Console {
-    /// (name, secret) of each admin token.
-    tokens: Vec<(String, Vec<u8>)>,
-    routes: Vec<String>,
+    /// The configuration whose admin tokens and routes the console serves.
+    config: ConfigSource,
     /// Where the per-minute activity of each route is read from.
     metrics: std::sync::Arc<Metrics>,
     sessions: Mutex<HashMap<String, Session>>,
@@ -78,6 +80,21 @@ pub struct Console {
     throttle: throttle::Throttle,
     /// A request body (a form, a control request) arrives within this, or is refused.
     body_timeout: Duration,
+}
+
+/// Where the console reads its configuration: fixed at start, or the settings in force.
+enum ConfigSource {
+    Fixed(std::sync::Arc<Config>),
+    Live(crate::gate::Live),
+}
+
+impl ConfigSource {
+    fn get(&self) -> std::sync::Arc<Config> {
+        match self {
+            ConfigSource::Fixed(c) => c.clone(),
+            ConfigSource::Live(l) => l.load().config().clone(),
+        }
+    }
 }
 
 /// Who is asking, once authenticated.
@@ -90,12 +107,7 @@ pub(crate) struct Caller {
 impl Console {
     pub fn new(config: &Config, metrics: std::sync::Arc<Metrics>) -> Console {
         Console {
-            tokens: config
-                .operator_tokens
-                .iter()
-                .map(|t| (t.name.clone(), t.secret.value.clone()))
-                .collect(),
-            routes: config.routes.iter().map(|r| r.name.clone()).collect(),
+            config: ConfigSource::Fixed(std::sync::Arc::new(config.clone())),
             metrics,
             sessions: Mutex::new(HashMap::new()),
             throttle: throttle::Throttle::default(),
@@ -103,9 +115,16 @@ impl Console {
         }
     }
 
+    /// The console reading its admin tokens and routes from the settings in force, so
+    /// that a live reload (src/reload) changes them.
+    pub fn with_live(mut self, live: crate::gate::Live) -> Console {
+        self.config = ConfigSource::Live(live);
+        self
+    }
+
     /// Whether `/admin/` is on (at least one token is configured).
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty()
+        !self.config.get().operator_tokens.is_empty()
     }
 
     /// The last hour of `route`'s activity, for the chart.
@@ -113,8 +132,14 @@ impl Console {
         self.metrics.last_hour(route)
     }
 
-    pub fn routes(&self) -> &[String] {
-        &self.routes
+    /// The names of the routes in force.
+    pub fn routes(&self) -> Vec<String> {
+        self.config
+            .get()
+            .routes
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
     }
 
     /// The name of the token `presented` is, compared in constant time against every
@@ -124,10 +149,10 @@ impl Console {
         use sha2::Digest as _;
         let presented = sha2::Sha256::digest(presented);
         let mut found = None;
-        for (name, secret) in &self.tokens {
-            let secret = sha2::Sha256::digest(secret);
+        for t in &self.config.get().operator_tokens {
+            let secret = sha2::Sha256::digest(&t.secret.value);
             if bool::from(secret.as_slice().ct_eq(presented.as_slice())) {
-                found = Some(name.clone());
+                found = Some(t.name.clone());
             }
         }
         found
@@ -354,7 +379,14 @@ where
         .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
 
     // The JSON API: bearer tokens only.
-    let api = ["deliveries", "dead-letters", "routes", "jobs"];
+    let api = [
+        "deliveries",
+        "dead-letters",
+        "routes",
+        "jobs",
+        "reload",
+        "config",
+    ];
     if segs.get(1).is_some_and(|s| api.contains(s)) {
         let Some(caller) = console.bearer(&parts.headers) else {
             let presented = parts.headers.contains_key(header::AUTHORIZATION);
@@ -372,6 +404,9 @@ where
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
         };
+        if matches!(segs.get(1), Some(&"reload") | Some(&"config")) {
+            return config_api::handle(op.reloader, &caller, &method, &segs[1..]).await;
+        }
         if matches!(segs.get(1), Some(&"routes") | Some(&"jobs")) {
             let body = match console.read_body(body, control::MAX_BODY).await {
                 Ok(body) => body,
@@ -391,7 +426,8 @@ where
                 }
             };
             let req = (&parts.headers, body);
-            return control::handle(&op, &caller, console.routes(), &method, &segs[1..], req).await;
+            return control::handle(&op, &caller, &console.routes(), &method, &segs[1..], req)
+                .await;
         }
         return api::handle(console, &op, &caller, &method, &segs[1..], query).await;
     }

@@ -237,7 +237,7 @@ pub(crate) async fn list<S: Store>(
     let mut body = String::from(
         "<h1>Deliveries</h1><p><a id=routes-page href=\"/admin/routes-page\">Routes and jobs →</a></p><div class=charts>",
     );
-    for r in console.routes() {
+    for r in &console.routes() {
         body.push_str(&chart(r, &console.last_hour(r)));
     }
     body.push_str("</div>");
@@ -258,7 +258,7 @@ pub(crate) async fn list<S: Store>(
         }
     };
     let mut routes = String::from("<option value=\"\">all</option>");
-    for r in console.routes() {
+    for r in &console.routes() {
         let _ = write!(routes, "<option{}>{}</option>", sel("route", r), esc(r));
     }
     let mut statuses = String::from("<option value=\"\">any</option>");
@@ -297,7 +297,7 @@ pub(crate) async fn list<S: Store>(
     let store = op.store;
     match store.log_support() {
         LogSupport::None => body.push_str("<p class=warn>This store keeps no delivery log.</p>"),
-        LogSupport::Full => match list_query(console.routes(), query) {
+        LogSupport::Full => match list_query(&console.routes(), query) {
             Err(m) => {
                 let _ = write!(body, "<p class=warn>{}</p>", esc(&m));
             }

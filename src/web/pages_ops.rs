@@ -96,7 +96,7 @@ fn num(v: &Value, k: &str) -> u64 {
 /// The routes section: one row per configured route, Pause/Resume on async ones.
 async fn routes_section<S: Store>(console: &Console, op: &Operator<'_, S>, body: &mut String) {
     body.push_str("<h2 id=routes>Routes</h2>");
-    let v = match control::routes_json(op, console.routes()).await {
+    let v = match control::routes_json(op, &console.routes()).await {
         Ok(v) => v,
         Err(e) => {
             let _ = write!(body, "<p class=warn>store: {}</p>", esc(&e.to_string()));
@@ -157,7 +157,7 @@ async fn jobs_section<S: Store>(console: &Console, op: &Operator<'_, S>, body: &
         return;
     };
     let mut routes = String::new();
-    for r in console.routes() {
+    for r in &console.routes() {
         let _ = write!(routes, "<option>{}</option>", esc(r));
     }
     let mut statuses = String::from("<option value=\"\">any</option>");
@@ -282,7 +282,7 @@ pub(crate) async fn set_paused<S: Store>(
     route: &str,
     paused: bool,
 ) -> Answer {
-    let a = control::set_paused(op, caller, console.routes(), route, paused).await;
+    let a = control::set_paused(op, caller, &console.routes(), route, paused).await;
     let (status, v) = read_answer(a).await;
     if status.is_success() {
         let text = format!(

@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["queue"],
     &["gate"],
     // The operator's side: delivery log and replay, the web console, health/metrics.
-    &["deliveries", "web", "console", "probes", "ops"],
+    &["deliveries", "web", "console", "probes", "ops", "reload"],
     // The wiring: may name each other (server starts the app, demo starts the server),
     // never in a loop.
     &["app", "server", "demo"],
@@ -43,6 +43,7 @@ const SIBLINGS: &[(&str, &str, &str)] = &[
         "deliveries",
         "the console runs the operator's replay",
     ),
+    ("web", "reload", "POST /admin/reload and GET /admin/config"),
 ];
 
 /// Today's violations (from, to, why, the step that removes it). Shrinks as they go.

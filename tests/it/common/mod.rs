@@ -25,7 +25,7 @@ use std::convert::Infallible;
 use std::fs::File;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -1078,6 +1078,22 @@ impl Sidecar {
     }
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("process").id()
+    }
+    /// The directory of the config file and the logs.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+    /// The config file the process was started with (`--config`).
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("idemgate.toml")
+    }
+    /// Sends the process a signal (`HUP`, `TERM`...).
+    pub fn signal(&self, name: &str) {
+        let st = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(st.success(), "kill -{name} failed");
     }
 
     async fn wait_healthy(&mut self, deadline: Duration) -> Result<(), String> {
