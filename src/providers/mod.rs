@@ -22,6 +22,7 @@ mod presets;
 mod routes;
 mod rsa_key;
 mod sendgrid;
+mod short_secrets;
 mod standard;
 mod stripe;
 mod target;
@@ -41,6 +42,7 @@ pub use handshake::Reply;
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
 pub use presets::PROVIDERS;
 pub use routes::{Routes, from_toml_with_env, load};
+pub use short_secrets::{MIN_HMAC_SECRET_BYTES, ShortSecret, short_hmac_secrets};
 // Each scheme's verifier, for the benches and fuzz targets that drive one directly.
 pub use alipay::Alipay;
 pub use hmac_scheme::HmacScheme;
