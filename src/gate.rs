@@ -432,7 +432,9 @@ impl<S: Store> Gate<S> {
                     };
                     return self.forward_and_settle(delivery).await;
                 }
-                Step::Replay(stored) => return (Outcome::Replayed, replay_answer(stored)),
+                Step::Replay(stored) => {
+                    return (Outcome::Replayed, replay_answer(stored, route.replay_body));
+                }
                 Step::Refuse(r) => return (r.outcome, error_answer(&r)),
                 Step::Wait => {
                     waited = true;

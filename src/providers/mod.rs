@@ -226,6 +226,8 @@ pub struct Route {
     pub success: SuccessRule,
     /// Whether the delivery log keeps this route's requests for an operator's replay.
     pub keep_payload: bool,
+    /// Whether a copy is answered with the stored body, or its status and headers only.
+    pub replay_body: bool,
     /// The route's effective lease, retention, in-flight policy and wait (its own keys
     /// over `[dedup]`).
     pub dedup: DedupConfig,
@@ -445,6 +447,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         success: preset.success,
         tolerance: preset.tolerance,
         keep_payload: cfg.keep_payload,
+        replay_body: cfg.replay_body,
         dedup: cfg.dedup.over(&config.dedup),
         key_header_prefix: format!("{}:", cfg.name),
         handshakes: handshake::Handshakes {
