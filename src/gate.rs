@@ -25,6 +25,7 @@ use crate::upstream::{Outgoing, Upstream};
 /// The answer table as a pure function.
 mod decide;
 /// Forwarding without a claim: handshakes, keyless requests, a bypassed store.
+mod scopes;
 mod unclaimed;
 /// Recording a 2xx's completion, and the answer when the store does not hold it.
 mod unconfirmed;
@@ -72,6 +73,8 @@ pub struct Gate<S> {
     async_mode: Option<Arc<crate::queue::AsyncMode>>,
     /// Spans for each delivery (docs/tracing.md); off by default.
     tracer: Tracer,
+    /// Distinct unsigned scopes per signed body (`scopes`).
+    scopes: scopes::ScopeBound,
 }
 
 /// Counts a delivery in `idemgate_in_flight` for as long as it lives.
@@ -123,6 +126,9 @@ impl<S: Store> Gate<S> {
             if route.forwards_keyless() {
                 also.push(Outcome::Unkeyed);
             }
+            if route.has_scope() {
+                also.push(Outcome::ScopeRefused);
+            }
             let kind = RouteKind::of(rc, config.store.on_error);
             let metrics = metrics.route(&rc.name, kind, &also);
             routes.insert(rc.path.clone(), RouteEntry { route, metrics });
@@ -143,6 +149,7 @@ impl<S: Store> Gate<S> {
             lifetimes: RouteLifetimes::from_config(config),
             async_mode,
             tracer: Tracer::default(),
+            scopes: scopes::ScopeBound::default(),
         })
     }
 
@@ -355,6 +362,18 @@ impl<S: Store> Gate<S> {
         // The store claims `claim_key` (for unsigned-key presets, the body's hash); the
         // delivery's own key is what the log and the application see.
         let fp = identity.fingerprint;
+        if let Some(body) = &identity.scoped_body
+            && !self.scopes.admit(
+                &route.name,
+                body,
+                &fp,
+                route.dedup.retention,
+                Instant::now(),
+            )
+        {
+            let r = scopes::scope_refused();
+            return (r.outcome, error_answer(&r));
+        }
         let dkey = DeliveryKey::new(route.name.clone(), identity.claim_key);
         let upstream_key = route.idempotency_header(&identity.delivery_key);
         *key_for_log = Some(identity.delivery_key);

@@ -9,6 +9,7 @@ mod admit;
 mod adyen;
 mod alipay;
 mod common;
+mod content_scope;
 mod discord;
 mod gitlab;
 mod guard;
@@ -210,6 +211,8 @@ pub struct Identity {
     /// The delivery's own idempotency key, as its key source read it.
     pub delivery_key: String,
     pub fingerprint: Fingerprint,
+    /// The body's own hash when the claim also covers unsigned scope headers.
+    pub scoped_body: Option<Fingerprint>,
 }
 
 /// A route, built once from its configuration.
@@ -286,6 +289,7 @@ impl Route {
                 claim_key: delivery_key.clone(),
                 delivery_key,
                 fingerprint: self.fingerprint.fingerprint(body),
+                scoped_body: None,
             },
             ClaimKey::Source => {
                 let src = self.claim_source.as_ref().unwrap_or(&self.key);
@@ -293,6 +297,7 @@ impl Route {
                     claim_key: format!("once:{}", src.extract(headers, body)?),
                     delivery_key,
                     fingerprint: self.fingerprint.fingerprint(body),
+                    scoped_body: None,
                 }
             }
             ClaimKey::Content => {
@@ -301,32 +306,10 @@ impl Route {
                     claim_key: format!("sha256:{}", hex::encode(fingerprint)),
                     delivery_key,
                     fingerprint,
+                    scoped_body: self.has_scope().then(|| fingerprint_body(body)),
                 }
             }
         })
-    }
-}
-
-impl Route {
-    /// The payload fingerprint (the body's SHA-256 for most presets, so a provider's
-    /// retry that rewrites delivery fields is the same content), or, with a content
-    /// scope, SHA-256 over each scope header's `name:value\n`, a blank line, then the body.
-    fn content_hash(&self, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
-        if self.content_scope.is_empty() {
-            return self.fingerprint.fingerprint(body);
-        }
-        let mut h = Sha256::new();
-        for name in self.content_scope {
-            h.update(name.as_bytes());
-            h.update(b":");
-            if let Some(v) = headers.get(*name) {
-                h.update(v.as_bytes());
-            }
-            h.update(b"\n");
-        }
-        h.update(b"\n");
-        h.update(body);
-        h.finalize().into()
     }
 }
 
