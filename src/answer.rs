@@ -153,9 +153,11 @@ pub fn handshake_answer(reply: Reply) -> Answer {
     resp
 }
 
-/// A stored answer, replayed and marked so.
-pub fn replay_answer(stored: StoredResponse) -> Answer {
-    let mut resp = Response::new(Full::new(stored.body));
+/// A stored answer, replayed and marked so; without its body unless `with_body`
+/// (a route's `replay_body = false`).
+pub fn replay_answer(stored: StoredResponse, with_body: bool) -> Answer {
+    let body = if with_body { stored.body } else { Bytes::new() };
+    let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     upstream::decode_headers(&stored.headers, resp.headers_mut());
     resp.headers_mut().remove(header::CONTENT_LENGTH);
@@ -167,6 +169,7 @@ pub fn replay_answer(stored: StoredResponse) -> Answer {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use hyper::body::Body as _;
 
     /// A stored answer with a status, a header to keep and one to drop on replay.
     pub(crate) fn stored() -> StoredResponse {
@@ -208,11 +211,21 @@ pub(crate) mod tests {
 
     #[test]
     fn replayed_answers_are_marked_and_keep_status_headers_body() {
-        let a = replay_answer(stored());
+        let a = replay_answer(stored(), true);
         assert_eq!(a.status(), StatusCode::CREATED);
         assert_eq!(a.headers()["idempotent-replayed"], "true");
         assert_eq!(a.headers()["x-a"], "1");
         assert!(a.headers().get("content-length").is_none());
+        assert_eq!(a.body().size_hint().exact(), Some(2));
+    }
+
+    #[test]
+    fn without_the_body_a_replay_keeps_status_and_headers() {
+        let a = replay_answer(stored(), false);
+        assert_eq!(a.status(), StatusCode::CREATED);
+        assert_eq!(a.headers()["idempotent-replayed"], "true");
+        assert_eq!(a.headers()["x-a"], "1");
+        assert_eq!(a.body().size_hint().exact(), Some(0));
     }
 
     #[test]

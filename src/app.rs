@@ -76,6 +76,7 @@ impl<S: Store> App<S> {
             queue: self.queue.clone(),
             tracer: self.gate.tracer().clone(),
             live: self.gate.live().clone(),
+            scopes: self.gate.scopes().clone(),
         }
     }
 
@@ -111,8 +112,8 @@ impl<S: Store> App<S> {
 }
 
 /// What every delivery runtime's gate shares (one per process): the metrics registry,
-/// the async queue it hands off to, the tracer and the settings in force (one swap, so
-/// a reload reaches every runtime at once). Each runtime's store and upstream
+/// the async queue it hands off to, the tracer, the settings in force (one swap, so
+/// a reload reaches every runtime at once) and the count of unsigned scopes. Each runtime's store and upstream
 /// client are its own.
 #[derive(Clone)]
 pub struct SharedParts {
@@ -120,6 +121,7 @@ pub struct SharedParts {
     queue: Option<Arc<AsyncMode>>,
     tracer: Tracer,
     live: crate::gate::Live,
+    scopes: Arc<crate::gate::ScopeBound>,
 }
 
 impl SharedParts {
@@ -138,6 +140,7 @@ impl SharedParts {
             self.queue.clone(),
         )?
         .with_tracer(self.tracer.clone())
-        .with_live(self.live.clone()))
+        .with_live(self.live.clone())
+        .with_scopes(self.scopes.clone()))
     }
 }

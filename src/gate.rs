@@ -25,6 +25,8 @@ use crate::upstream::{Outgoing, Upstream};
 mod decide;
 /// The routes and limits in force, swapped whole by a live reload.
 mod live;
+/// How many unsigned scopes one signed body may be claimed under.
+mod scopes;
 /// Forwarding without a claim: handshakes, keyless requests, a bypassed store.
 mod unclaimed;
 /// Recording a 2xx's completion, and the answer when the store does not hold it.
@@ -32,6 +34,7 @@ mod unconfirmed;
 
 pub use decide::{Step, decide};
 pub use live::{Live, Settings};
+pub use scopes::ScopeBound;
 
 use crate::answer::{
     Answer, ErrorAnswer, error_answer, handshake_answer, identify_error_answer, replay_answer,
@@ -70,6 +73,9 @@ pub struct Gate<S> {
     async_mode: Option<Arc<crate::queue::AsyncMode>>,
     /// Spans for each delivery (docs/tracing.md); off by default.
     tracer: Tracer,
+    /// Distinct unsigned scopes per signed body (`scopes`), one count per process
+    /// (every delivery runtime's gate shares it).
+    scopes: Arc<ScopeBound>,
 }
 
 /// Counts a delivery in `idemgate_in_flight` for as long as it lives.
@@ -168,6 +174,7 @@ impl<S: Store> Gate<S> {
             lifetimes: RouteLifetimes::from_config(config),
             async_mode,
             tracer: Tracer::default(),
+            scopes: Arc::default(),
         })
     }
 
@@ -182,6 +189,18 @@ impl<S: Store> Gate<S> {
     pub fn with_live(mut self, live: Live) -> Self {
         self.live = live;
         self
+    }
+
+    /// The gate counting unsigned scopes in `scopes` (shared with the other runtimes'
+    /// gates, so the bound holds per process).
+    pub fn with_scopes(mut self, scopes: Arc<ScopeBound>) -> Self {
+        self.scopes = scopes;
+        self
+    }
+
+    /// The count of unsigned scopes per signed body.
+    pub fn scopes(&self) -> &Arc<ScopeBound> {
+        &self.scopes
     }
 
     /// The handle to the routes and limits in force.
@@ -406,6 +425,18 @@ impl<S: Store> Gate<S> {
         // The store claims `claim_key` (for unsigned-key presets, the body's hash); the
         // delivery's own key is what the log and the application see.
         let fp = identity.fingerprint;
+        if let Some(body) = &identity.scoped_body
+            && !self.scopes.admit(
+                &route.name,
+                body,
+                &fp,
+                route.dedup.retention,
+                Instant::now(),
+            )
+        {
+            let r = scopes::scope_refused();
+            return (r.outcome, error_answer(&r));
+        }
         let dkey = DeliveryKey::new(route.name.clone(), identity.claim_key);
         let upstream_key = route.idempotency_header(&identity.delivery_key);
         *key_for_log = Some(identity.delivery_key);
@@ -485,7 +516,9 @@ impl<S: Store> Gate<S> {
                     };
                     return self.forward_and_settle(delivery).await;
                 }
-                Step::Replay(stored) => return (Outcome::Replayed, replay_answer(stored)),
+                Step::Replay(stored) => {
+                    return (Outcome::Replayed, replay_answer(stored, route.replay_body));
+                }
                 Step::Refuse(r) => return (r.outcome, error_answer(&r)),
                 Step::Wait => {
                     waited = true;

@@ -163,6 +163,9 @@ fn main() -> ExitCode {
                 if let Some(w) = config.memory_store_warning() {
                     eprintln!("note: {w}");
                 }
+                for short in idemgate::providers::short_hmac_secrets(&config) {
+                    eprintln!("warning: {short}");
+                }
                 eprintln!("configuration is valid");
                 ExitCode::SUCCESS
             }
@@ -205,6 +208,9 @@ fn main() -> ExitCode {
             };
             if let Some(w) = config.memory_store_warning() {
                 tracing::warn!("{w}");
+            }
+            for short in idemgate::providers::short_hmac_secrets(&config) {
+                tracing::warn!("{short}");
             }
             if config.routes.is_empty() {
                 tracing::warn!("no routes configured: every delivery will be answered 404");

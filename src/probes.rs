@@ -40,6 +40,18 @@ pub fn is_probe(start: &[u8]) -> bool {
     })
 }
 
+/// The answer to a probe's connection while the probes' connections are all taken
+/// and its head had not come in whole: an answer the kubelet sees, and a close.
+pub fn probes_full() -> Response<Full<Bytes>> {
+    let mut r = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many probe connections\n",
+    );
+    r.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
 /// Answers a probe or the metrics. `stores` are the delivery runtimes' store handles,
 /// the first runtime's first: ready means every one answers (each runtime has its own
 /// store connection), and the breaker and the store's bounds are read from the first.

@@ -320,6 +320,9 @@ pub struct RouteConfig {
     pub custom: CustomFields,
     /// Keep the request (size-capped, for `retention`) for an operator's replay.
     pub keep_payload: bool,
+    /// Whether a copy gets the stored answer's body (`replay_body`, default true); when
+    /// false, only its status and headers (SECURITY.md: what answers replay).
+    pub replay_body: bool,
     pub mode: RouteMode,
     /// The route's own dedup keys; `Config::dedup_of` gives its effective settings.
     pub dedup: DedupOverrides,

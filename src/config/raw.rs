@@ -103,6 +103,8 @@ pub(super) struct RawRoute {
     pub(super) retry_after_cap: Option<String>,
     /// Keep the request in the delivery log for an operator's replay.
     pub(super) keep_payload: Option<bool>,
+    /// Copies get the stored answer's status and headers, without its body, when false.
+    pub(super) replay_body: Option<bool>,
     // The route's own `[dedup]` keys (docs/providers.md, "Dedup settings per route")
     pub(super) lease: Option<String>,
     pub(super) retention: Option<String>,

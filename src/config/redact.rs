@@ -142,6 +142,9 @@ impl Config {
             if r.keep_payload {
                 let _ = writeln!(out, "keep_payload = true");
             }
+            if !r.replay_body {
+                let _ = writeln!(out, "replay_body = false");
+            }
             let _ = writeln!(out, "path = {}", q(&r.path));
             let _ = writeln!(out, "provider = {}", q(&r.provider));
             let secrets: Vec<String> = r.secrets.iter().map(|s| q(&s.display())).collect();

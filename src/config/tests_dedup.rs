@@ -178,3 +178,38 @@ fn check_config_shows_every_routes_effective_values() {
     }
     assert_eq!(again.dedup, c.dedup);
 }
+
+/// `replay_body = false` (issue 34 item 11): copies get the stored status and headers
+/// but no body; the default keeps the body; `check-config` shows it and it loads back.
+#[test]
+fn replay_body_is_per_route_defaults_to_true_and_is_shown() {
+    let text = format!(
+        "{}{}",
+        route("quiet", "replay_body = false"),
+        route("plain", "")
+    );
+    let c = Config::from_toml_with_env(&text, env_none).unwrap();
+    let of = |name: &str| {
+        c.routes
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap()
+            .replay_body
+    };
+    assert!(!of("quiet"));
+    assert!(of("plain"));
+    let shown = c.redacted_toml();
+    assert_eq!(shown.matches("replay_body = false").count(), 1, "{shown}");
+    let again = Config::from_toml_with_env(&shown, env_none).unwrap();
+    assert!(
+        !again
+            .routes
+            .iter()
+            .find(|r| r.name == "quiet")
+            .unwrap()
+            .replay_body
+    );
+    // Not a boolean: refused.
+    let e = err(&third("replay_body = \"no\""));
+    assert!(e.to_string().contains("expected a boolean"), "{e}");
+}

@@ -463,6 +463,7 @@ pub(super) fn validate(
             key: r.key,
             upstream_path: r.upstream_path,
             keep_payload: r.keep_payload.unwrap_or(false),
+            replay_body: r.replay_body.unwrap_or(true),
             custom: CustomFields {
                 signature_header: r.signature_header,
                 hash: r.hash,

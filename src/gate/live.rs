@@ -48,6 +48,9 @@ impl Settings {
             if route.forwards_keyless() {
                 also.push(Outcome::Unkeyed);
             }
+            if route.has_scope() {
+                also.push(Outcome::ScopeRefused);
+            }
             let kind = RouteKind::of(rc, config.store.on_error);
             let metrics = metrics.route(&rc.name, kind, &also);
             routes.insert(rc.path.clone(), RouteEntry { route, metrics });

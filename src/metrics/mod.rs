@@ -43,10 +43,12 @@ pub enum Outcome {
     Handshake,
     /// A signed request holding no key, forwarded without de-duplication (`keyless`).
     Unkeyed,
+    /// A signed body already seen under the most unsigned scopes allowed (422).
+    ScopeRefused,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 17] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -64,6 +66,7 @@ impl Outcome {
         Outcome::QueueFull,
         Outcome::Handshake,
         Outcome::Unkeyed,
+        Outcome::ScopeRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +88,7 @@ impl Outcome {
             Outcome::QueueFull => "queue_full",
             Outcome::Handshake => "handshake",
             Outcome::Unkeyed => "unkeyed",
+            Outcome::ScopeRefused => "scope_refused",
         }
     }
 
@@ -97,7 +101,7 @@ impl Outcome {
     /// on the route's provider: `Metrics::route` takes them in `also`.
     pub fn possible(self, kind: RouteKind) -> bool {
         use Outcome::*;
-        if matches!(self, Handshake | Unkeyed) {
+        if matches!(self, Handshake | Unkeyed | ScopeRefused) {
             return false;
         }
         match kind {

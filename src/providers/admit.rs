@@ -59,6 +59,7 @@ impl Route {
                 claim_key: key.clone(),
                 delivery_key: key,
                 fingerprint,
+                scoped_body: None,
             }));
         }
         match self.identify_verified(headers, body) {

@@ -9,6 +9,7 @@ mod admit;
 mod adyen;
 mod alipay;
 mod common;
+mod content_scope;
 mod discord;
 mod gitlab;
 mod guard;
@@ -22,6 +23,7 @@ mod presets;
 mod routes;
 mod rsa_key;
 mod sendgrid;
+mod short_secrets;
 mod standard;
 mod stripe;
 mod target;
@@ -41,6 +43,7 @@ pub use handshake::Reply;
 pub use keys::{KeyError, KeySource, MAX_KEY_LEN, validate_key};
 pub use presets::PROVIDERS;
 pub use routes::{Routes, from_toml_with_env, load};
+pub use short_secrets::{MIN_HMAC_SECRET_BYTES, ShortSecret, short_hmac_secrets};
 // Each scheme's verifier, for the benches and fuzz targets that drive one directly.
 pub use alipay::Alipay;
 pub use hmac_scheme::HmacScheme;
@@ -208,6 +211,8 @@ pub struct Identity {
     /// The delivery's own idempotency key, as its key source read it.
     pub delivery_key: String,
     pub fingerprint: Fingerprint,
+    /// The body's own hash when the claim also covers unsigned scope headers.
+    pub scoped_body: Option<Fingerprint>,
 }
 
 /// A route, built once from its configuration.
@@ -224,6 +229,8 @@ pub struct Route {
     pub success: SuccessRule,
     /// Whether the delivery log keeps this route's requests for an operator's replay.
     pub keep_payload: bool,
+    /// Whether a copy is answered with the stored body, or its status and headers only.
+    pub replay_body: bool,
     /// The route's effective lease, retention, in-flight policy and wait (its own keys
     /// over `[dedup]`).
     pub dedup: DedupConfig,
@@ -282,6 +289,7 @@ impl Route {
                 claim_key: delivery_key.clone(),
                 delivery_key,
                 fingerprint: self.fingerprint.fingerprint(body),
+                scoped_body: None,
             },
             ClaimKey::Source => {
                 let src = self.claim_source.as_ref().unwrap_or(&self.key);
@@ -289,6 +297,7 @@ impl Route {
                     claim_key: format!("once:{}", src.extract(headers, body)?),
                     delivery_key,
                     fingerprint: self.fingerprint.fingerprint(body),
+                    scoped_body: None,
                 }
             }
             ClaimKey::Content => {
@@ -297,32 +306,10 @@ impl Route {
                     claim_key: format!("sha256:{}", hex::encode(fingerprint)),
                     delivery_key,
                     fingerprint,
+                    scoped_body: self.has_scope().then(|| fingerprint_body(body)),
                 }
             }
         })
-    }
-}
-
-impl Route {
-    /// The payload fingerprint (the body's SHA-256 for most presets, so a provider's
-    /// retry that rewrites delivery fields is the same content), or, with a content
-    /// scope, SHA-256 over each scope header's `name:value\n`, a blank line, then the body.
-    fn content_hash(&self, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
-        if self.content_scope.is_empty() {
-            return self.fingerprint.fingerprint(body);
-        }
-        let mut h = Sha256::new();
-        for name in self.content_scope {
-            h.update(name.as_bytes());
-            h.update(b":");
-            if let Some(v) = headers.get(*name) {
-                h.update(v.as_bytes());
-            }
-            h.update(b"\n");
-        }
-        h.update(b"\n");
-        h.update(body);
-        h.finalize().into()
     }
 }
 
@@ -443,6 +430,7 @@ pub fn build_route(cfg: &RouteConfig, config: &Config) -> Result<Route, FieldErr
         success: preset.success,
         tolerance: preset.tolerance,
         keep_payload: cfg.keep_payload,
+        replay_body: cfg.replay_body,
         dedup: cfg.dedup.over(&config.dedup),
         key_header_prefix: format!("{}:", cfg.name),
         handshakes: handshake::Handshakes {

@@ -14,7 +14,12 @@
 //!
 //! On `admin_listen` the probes' connections and the console's are bounded apart (a
 //! connection is told by its first request line), so that no client of the console,
-//! credentials or not, can keep the kubelet's probes from being answered.
+//! credentials or not, can keep the kubelet's probes from being answered. A probe's
+//! connection answers one request (`connection: close`), whose head must come within
+//! `PROBE_HEAD_TIMEOUT`; while the probes' slots are all taken, a probe whose head is
+//! in is still answered (on the slot it holds while it waited for its first bytes) and
+//! one whose head is not gets `503` and is closed, so no client that holds probe
+//! connections can keep the kubelet's probe from its answer.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,7 +35,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::task::TaskTracker;
 
 mod runtimes;
@@ -59,6 +64,12 @@ const MAX_H2_STREAMS: u32 = 128;
 const MAX_ADMIN_PENDING: usize = 64;
 /// Admin connections open at once whose first request was a probe's (`probes::is_probe`).
 const MAX_PROBE_CONNECTIONS: usize = 32;
+/// How long a probe's connection may take to send its whole request head, once its
+/// request line came (at most `header_timeout`): the kubelet sends it in one write.
+const PROBE_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+/// How much of a probe's head is looked at to see whether it is all in (a kubelet's
+/// or Prometheus's is a few hundred bytes).
+const PROBE_HEAD_PEEK: usize = 2048;
 /// Admin connections open at once for anything else: the console, HTTP/2 and unknowns.
 const MAX_CONSOLE_CONNECTIONS: usize = 32;
 /// Concurrent HTTP/2 streams per admin connection (the console is one operator's).
@@ -335,6 +346,12 @@ impl<S: Store> Bound<S> {
         admin_builder
             .http2()
             .max_concurrent_streams(MAX_ADMIN_H2_STREAMS);
+        // A probe's connection answers one request, whose head comes quickly.
+        let mut probe_builder = admin_builder.clone();
+        probe_builder
+            .http1()
+            .keep_alive(false)
+            .header_read_timeout(PROBE_HEAD_TIMEOUT.min(header_timeout));
         if let Some(queue) = &app.queue {
             queue.start();
         }
@@ -345,6 +362,7 @@ impl<S: Store> Bound<S> {
         let _reload_triggers = crate::reload::spawn_triggers(app.reloader.clone());
         let admin_settings = AdminSettings {
             builder: admin_builder,
+            probe_builder,
             lifetime: admin_lifetime,
             header_timeout,
         };
@@ -402,6 +420,8 @@ struct More<S> {
 /// How the admin listener serves its connections.
 struct AdminSettings {
     builder: auto::Builder<TokioExecutor>,
+    /// A probe's connection: one request, a short head timeout.
+    probe_builder: auto::Builder<TokioExecutor>,
     lifetime: Lifetime,
     header_timeout: Duration,
 }
@@ -416,6 +436,7 @@ async fn serve_admin<S: Store>(
 ) {
     let AdminSettings {
         builder,
+        probe_builder,
         lifetime,
         header_timeout,
     } = settings;
@@ -430,23 +451,38 @@ async fn serve_admin<S: Store>(
                     continue;
                 };
                 let app = app.clone();
-                let svc = service_fn(move |mut req: http::Request<Incoming>| {
-                    req.extensions_mut().insert(crate::web::ClientIp(peer.ip()));
-                    let app = app.clone();
-                    async move { Ok::<_, Infallible>(app.admin(req).await) }
-                });
-                let builder = builder.clone();
+                let builders = (builder.clone(), probe_builder.clone());
                 let slots = admin_slots.clone();
                 // Probes and metrics are served through shutdown's drain, as before.
                 admin_conns.spawn(async move {
                     if !first_bytes(&stream, header_timeout).await {
                         return;
                     }
-                    let Some(_slot) = slots.classify(&stream).await else {
-                        tracing::debug!("admin connections full for its kind: one closed");
-                        return;
+                    let slot = slots.classify(&stream).await;
+                    let builder = match &slot {
+                        AdminSlot::Console { .. } => builders.0,
+                        AdminSlot::Probe { .. } | AdminSlot::ProbeOverflow { .. } => builders.1,
+                        AdminSlot::Refused => {
+                            tracing::debug!("admin connections full for its kind: one closed");
+                            return;
+                        }
                     };
-                    drop(pending);
+                    // An overflowing probe is answered on the pending slot it holds;
+                    // one whose head was not in gets 503 (the pool is full).
+                    let refuse = matches!(slot, AdminSlot::ProbeOverflow { head_in: false });
+                    let overflow = matches!(slot, AdminSlot::ProbeOverflow { .. });
+                    let _pending = overflow.then_some(pending);
+                    let svc = service_fn(move |mut req: http::Request<Incoming>| {
+                        req.extensions_mut().insert(crate::web::ClientIp(peer.ip()));
+                        let app = app.clone();
+                        async move {
+                            Ok::<_, Infallible>(if refuse {
+                                crate::probes::probes_full()
+                            } else {
+                                app.admin(req).await
+                            })
+                        }
+                    });
                     let stop = std::future::pending::<()>();
                     crate::conn::serve(&builder, TokioIo::new(stream), svc, lifetime, stop).await;
                 });
@@ -470,6 +506,24 @@ struct AdminSlots {
     console: Arc<Semaphore>,
 }
 
+/// What a connection that sent its first bytes gets on the admin listener.
+enum AdminSlot {
+    /// Held while the connection lives.
+    Console {
+        _slot: OwnedSemaphorePermit,
+    },
+    Probe {
+        _slot: OwnedSemaphorePermit,
+    },
+    /// A probe while the probes' slots are all taken: answered all the same (on its
+    /// pending slot) when its whole head is in, else answered 503.
+    ProbeOverflow {
+        head_in: bool,
+    },
+    /// The console's slots are all taken, or the connection failed: closed.
+    Refused,
+}
+
 impl AdminSlots {
     fn new() -> AdminSlots {
         AdminSlots {
@@ -480,18 +534,26 @@ impl AdminSlots {
     }
 
     /// The slot for a connection that has sent its first bytes, by what its first
-    /// request is (HTTP/2 and anything but a probe count as the console's); None when
-    /// that kind is full.
-    async fn classify(&self, stream: &TcpStream) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let mut line = [0u8; 32];
+    /// request is (HTTP/2 and anything but a probe count as the console's).
+    async fn classify(&self, stream: &TcpStream) -> AdminSlot {
+        let mut head = [0u8; PROBE_HEAD_PEEK];
         // What `first_bytes` saw is still there: this does not wait.
-        let n = stream.peek(&mut line).await.ok()?;
-        let kind = if crate::probes::is_probe(&line[..n]) {
-            &self.probes
-        } else {
-            &self.console
+        let Ok(n) = stream.peek(&mut head).await else {
+            return AdminSlot::Refused;
         };
-        kind.clone().try_acquire_owned().ok()
+        let head = &head[..n];
+        if !crate::probes::is_probe(head) {
+            return match self.console.clone().try_acquire_owned() {
+                Ok(_slot) => AdminSlot::Console { _slot },
+                Err(_) => AdminSlot::Refused,
+            };
+        }
+        match self.probes.clone().try_acquire_owned() {
+            Ok(_slot) => AdminSlot::Probe { _slot },
+            Err(_) => AdminSlot::ProbeOverflow {
+                head_in: head.windows(4).any(|w| w == b"\r\n\r\n"),
+            },
+        }
     }
 }
 
@@ -581,6 +643,59 @@ pub async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A connection on which `sent` was written, as the admin listener accepts it.
+    async fn accepted_after(sent: &[u8]) -> (TcpStream, TcpStream) {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        client.write_all(sent).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        assert!(first_bytes(&server, Duration::from_secs(30)).await);
+        (client, server)
+    }
+
+    /// Issue 34 item 7: with every probe slot taken, a probe is not dropped: answered
+    /// when its head is in, else answered 503; the console's full pool still closes.
+    #[tokio::test]
+    async fn a_full_probe_pool_answers_rather_than_drops() {
+        let slots = AdminSlots::new();
+        let probe = b"GET /readyz HTTP/1.1\r\nhost: kubelet\r\n\r\n";
+        let (_c, s) = accepted_after(probe).await;
+        assert!(matches!(slots.classify(&s).await, AdminSlot::Probe { .. }));
+        let _taken = slots
+            .probes
+            .clone()
+            .try_acquire_many_owned(slots.probes.available_permits() as u32)
+            .unwrap();
+        let (_c, s) = accepted_after(probe).await;
+        assert!(matches!(
+            slots.classify(&s).await,
+            AdminSlot::ProbeOverflow { head_in: true }
+        ));
+        let (_c, s) = accepted_after(b"GET /healthz HTTP/1.1\r\n").await;
+        assert!(matches!(
+            slots.classify(&s).await,
+            AdminSlot::ProbeOverflow { head_in: false }
+        ));
+        let login = b"POST /admin/login HTTP/1.1\r\n";
+        let (_c, s) = accepted_after(login).await;
+        assert!(matches!(
+            slots.classify(&s).await,
+            AdminSlot::Console { .. }
+        ));
+        let _console = slots
+            .console
+            .clone()
+            .try_acquire_many_owned(slots.console.available_permits() as u32)
+            .unwrap();
+        let (_c, s) = accepted_after(login).await;
+        assert!(matches!(slots.classify(&s).await, AdminSlot::Refused));
+    }
+
     fn future_size<'a, G: 'a, A, Fut, F: FnOnce(&'a G, A) -> Fut>(_: F) -> usize {
         std::mem::size_of::<Fut>()
     }

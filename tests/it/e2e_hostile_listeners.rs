@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::common::admin::{OPS_TOKEN, TOKEN, builder};
 use crate::common::*;
 use crate::e2e_hostile::{read_until_closed, status_of};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The connection preface of HTTP/2 prior knowledge and an empty SETTINGS frame.
@@ -127,6 +127,113 @@ async fn idle_h2_connections_on_the_admin_port_leave_the_probes_answering() {
         "idle h2 on admin_listen",
     )
     .await;
+}
+
+/// Connections (more than the probes' 32 slots) that each ask for `/healthz` on a
+/// keep-alive connection every 2 s for `period`, reconnecting when the server closes
+/// one; how many answers they got.
+async fn keep_alive_probes(admin: SocketAddr, n: usize, period: Duration) -> usize {
+    let end = tokio::time::Instant::now() + period;
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut answered = 0;
+                let mut conn: Option<TcpStream> = None;
+                while tokio::time::Instant::now() < end {
+                    if conn.is_none() {
+                        conn = TcpStream::connect(admin).await.ok();
+                    }
+                    if let Some(s) = conn.as_mut() {
+                        let asked = s
+                            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                            .await
+                            .is_ok();
+                        let mut buf = [0u8; 1024];
+                        let got =
+                            tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+                        match got {
+                            Ok(Ok(n)) if asked && n > 0 => {
+                                answered += 1;
+                                let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+                                if head.contains("connection: close") {
+                                    conn = None;
+                                }
+                            }
+                            _ => conn = None,
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                answered
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("keep-alive probe task");
+    }
+    total
+}
+
+/// 40 keep-alive connections asking for `/healthz` every 2 s (issue 34 item 7) took
+/// every probe slot and kept it: a fresh `/readyz` was reset. A probe connection is
+/// closed after its answer, so the slots turn over and the kubelet's probe answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keep_alive_probe_connections_leave_a_fresh_probe_answering() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), &redis.url())
+        .top("header_timeout", "10s")
+        .start()
+        .await;
+    let flood = keep_alive_probes(sc.admin, 40, Duration::from_secs(7));
+    let fresh = async {
+        // Once every flooding connection has asked at least once.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        for round in 0..3 {
+            assert_probes_answer(sc.admin, &format!("keep-alive flood, round {round}")).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let (answered, ()) = tokio::join!(flood, fresh);
+    // The flood itself is answered too (each of the 40 at least once).
+    assert!(answered >= 40, "the flooding probes got {answered} answers");
+}
+
+/// 40 connections that send a probe's request line and stall (issue 34 item 7) held
+/// every probe slot for `header_timeout`: a fresh `/readyz` was reset. A probe's head
+/// must arrive within a short time, and while the probes' slots are full a probe whose
+/// head is in is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalled_probe_request_lines_leave_a_fresh_probe_answering() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    let sc = SidecarBuilder::new(&up.url(), &redis.url())
+        .top("header_timeout", "30s")
+        .start()
+        .await;
+    let mut stalled = hold(sc.admin, 40, b"GET /healthz HTTP/1.1\r\n").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_probes_answer(sc.admin, "with stalled probe request lines").await;
+    // A probe whose head comes in two writes is answered too: 503 while the slots
+    // are taken, 200 once they are free again; never dropped.
+    let mut split = TcpStream::connect(sc.admin).await.expect("connect");
+    split
+        .write_all(b"GET /readyz HTTP/1.1\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    split.write_all(b"host: x\r\n\r\n").await.expect("write");
+    let (out, closed) = read_until_closed(&mut split, Duration::from_secs(5)).await;
+    let status = status_of(&out);
+    assert!(
+        matches!(status, Some(200 | 503)) && closed,
+        "a probe in two writes got {status:?} (closed: {closed}): {}",
+        String::from_utf8_lossy(&out)
+    );
+    // And the stalled ones are closed well before `header_timeout`.
+    assert_all_closed(&mut stalled, Duration::from_secs(10), "stalled probe line").await;
+    assert_probes_answer(sc.admin, "after the stalled probe request lines").await;
 }
 
 /// Wrong bearer tokens sent by `workers` clients at once from `from` for `period`;

@@ -143,3 +143,78 @@ async fn a_small_delivery_costs_the_memory_store_little_resident_memory() {
     eprintln!("RSS per delivery: {per_delivery} bytes");
     assert!(per_delivery < 1500, "{per_delivery} bytes per delivery");
 }
+
+const SHOP_SECRET: &str = "shopify-secret-of-28-bytes!!";
+
+/// A Shopify delivery of `body` for shop `shop`, signed as Shopify signs (the body
+/// only: the shop domain and topic headers are not signed).
+fn shopify(body: &[u8], event: &str, shop: &str) -> Vec<(String, String)> {
+    use base64::Engine as _;
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SHOP_SECRET.as_bytes()).unwrap();
+    mac.update(body);
+    let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    [
+        ("content-type", "application/json"),
+        ("x-shopify-hmac-sha256", sig.as_str()),
+        ("x-shopify-event-id", event),
+        ("x-shopify-topic", "orders/create"),
+        ("x-shopify-shop-domain", shop),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Issue 34 item 8, as reproduced: on a 1 MiB memory store a captured Shopify delivery
+/// replayed with only `X-Shopify-Shop-Domain` changed was forwarded each time and
+/// stored as a new record, and eviction then forgot a delivery of another route inside
+/// its retention. Now a signed body takes at most 8 unsigned scopes (the rest: 422
+/// `scope_limit`, counted as `scope_refused`), and a route flooded with real, distinct
+/// deliveries past its share of `max_memory` forgets its own, never the other route's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_route_cannot_make_the_memory_store_forget_another_routes_delivery() {
+    let up = Upstream::start().await;
+    let mut shop = RouteCfg::standard("shop", "/webhooks/shop");
+    shop.provider = "shopify".into();
+    shop.secrets = vec![SHOP_SECRET.into()];
+    shop.tolerance = None;
+    shop.extra.push_str("keep_payload = true\n");
+    let sc = SidecarBuilder::new(&up.url(), "memory")
+        .store_opt("max_memory", "1MiB")
+        .route(RouteCfg::standard(ROUTE, PATH))
+        .route(shop)
+        .start()
+        .await;
+    let d = Delivery::fresh();
+    assert_eq!(sc.send(&d).await.status, 200);
+    let client = http_client();
+    let url = sc.url("/webhooks/shop");
+    // One captured body replayed under 300 shop domains: 8 forwarded, 292 refused.
+    let captured = body(4096);
+    let mut statuses = std::collections::BTreeMap::new();
+    for n in 0..300 {
+        let h = shopify(&captured, "e-captured", &format!("shop-{n}.myshopify.com"));
+        let a = post(&client, &url, &h, captured.clone()).await.unwrap();
+        *statuses.entry(a.status).or_insert(0) += 1;
+        if a.status == 422 {
+            a.assert_error(422, "scope_limit");
+        }
+    }
+    assert_eq!(statuses.get(&200), Some(&8), "{statuses:?}");
+    assert_eq!(statuses.get(&422), Some(&292), "{statuses:?}");
+    assert_eq!(sc.requests_total("shop", "scope_refused").await, 292.0);
+    // Distinct signed deliveries, four times what the bound holds.
+    for n in 0..1000 {
+        let mut b = body(4096);
+        b[8..16].copy_from_slice(format!("{n:08}").as_bytes());
+        let h = shopify(&b, &format!("e-{n}"), "one.myshopify.com");
+        assert_eq!(post(&client, &url, &h, b).await.unwrap().status, 200);
+    }
+    assert!(sc.metric("idemgate_store_evictions_total").await >= 500.0);
+    // The other route's delivery, inside its retention, is still remembered.
+    let copy = sc.send(&d.clone().ts(now_secs())).await;
+    assert_eq!(copy.status, 200, "{copy:?}");
+    assert!(copy.replayed(), "forwarded again: {copy:?}");
+    assert_eq!(up.count(), 1 + 8 + 1000);
+}

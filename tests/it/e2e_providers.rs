@@ -633,7 +633,7 @@ fn the_independent_signers_reproduce_the_published_vectors() {
 }
 
 /// `idemgate check-config --config FILE`: exit code and stderr.
-fn check_config(toml: &str, env: &[(&str, &str)]) -> (i32, String) {
+pub(crate) fn check_config(toml: &str, env: &[(&str, &str)]) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("idemgate.toml");
     std::fs::write(&p, toml).unwrap();

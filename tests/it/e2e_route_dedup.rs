@@ -444,3 +444,45 @@ async fn each_route_answers_copies_in_flight_by_its_own_policy_on_memory() {
 async fn each_route_answers_copies_in_flight_by_its_own_policy_on_redis() {
     each_route_answers_copies_in_flight_by_its_own_policy(StoreKind::Redis).await;
 }
+
+/// `replay_body = false` (issue 34 item 11): a copy gets the stored status and headers
+/// but no body (anyone holding a captured request would otherwise get the whole answer
+/// for the retention); the other route's copies keep the body. On both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_route_with_replay_body_off_answers_copies_without_the_body() {
+    for kind in [StoreKind::Memory, StoreKind::Redis] {
+        let store = TestStore::new(kind);
+        let up = Upstream::start().await;
+        up.set_mode(Mode::Ok {
+            status: 201,
+            headers: vec![
+                ("x-order".into(), "o-17".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: br#"{"card":"4242"}"#.to_vec(),
+        });
+        let sc = sidecar(
+            &up,
+            &store.url(),
+            vec![route("quiet", "replay_body = false"), route("plain", "")],
+        )
+        .start()
+        .await;
+        for (name, body) in [("quiet", ""), ("plain", r#"{"card":"4242"}"#)] {
+            let d = to(name);
+            let first = sc.send(&d).await;
+            assert_eq!(first.status, 201, "{name} {kind:?}");
+            assert_eq!(first.text(), r#"{"card":"4242"}"#, "{name} {kind:?}");
+            let copy = resend(&sc, &d).await;
+            assert!(copy.replayed(), "{name} {kind:?}: {copy:?}");
+            assert_eq!(copy.status, 201, "{name} {kind:?}");
+            assert_eq!(
+                copy.header("x-order").as_deref(),
+                Some("o-17"),
+                "{name} {kind:?}"
+            );
+            assert_eq!(copy.text(), body, "{name} {kind:?}");
+        }
+        assert_eq!(up.count(), 2, "{kind:?}");
+    }
+}

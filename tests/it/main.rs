@@ -37,6 +37,7 @@ mod e2e_roundtrips;
 mod e2e_route_dedup;
 mod e2e_runtimes;
 mod e2e_sentinel_auth;
+mod e2e_short_secrets;
 mod e2e_soak;
 mod e2e_tls;
 mod e2e_tracing;

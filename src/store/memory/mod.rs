@@ -30,6 +30,7 @@ mod pacing;
 mod queue;
 /// Each route's recent deliveries, for listing (`store::log`).
 mod recent;
+mod shares;
 /// The sharded, bounded map of entries.
 mod table;
 pub use queue::MemoryQueue;
@@ -673,3 +674,5 @@ impl MemoryStore {
 /// The journal seam, the bound, eviction.
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_shares;

@@ -18,6 +18,7 @@ use hashbrown::HashTable;
 
 use super::codec;
 use super::journal::{Change, Journal, Ticket};
+use super::shares::Shares;
 use crate::store::{DeliveryKey, StoreError};
 
 /// Shards of the map: enough that 2 × cores of concurrent deliveries seldom meet.
@@ -71,6 +72,8 @@ pub(super) struct Table {
     hasher: RandomState,
     /// Bytes the entries cost (records + `ENTRY_OVERHEAD` each).
     used: AtomicU64,
+    /// The same per route: eviction keeps to each route's share (`shares`).
+    shares: Shares,
     max: u64,
     evictions: AtomicU64,
     /// How much later than its mark an entry's expiry may be and the mark still
@@ -103,6 +106,7 @@ impl Table {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
             used: AtomicU64::new(0),
+            shares: Shares::default(),
             max,
             evictions: AtomicU64::new(0),
             drift,
@@ -148,6 +152,18 @@ impl Table {
     fn marked(&self, record: &[u8], m: Mark) -> bool {
         head_of(record).is_some_and(|h| h.expires_at >= m.expires)
             && self.hash_record(record) == m.hash
+    }
+
+    /// Counts a record in the bound, and in its route's share.
+    fn charge(&self, record: &[u8]) {
+        self.used.fetch_add(cost(record), Ordering::Relaxed);
+        self.shares.add(route_part(record), cost(record));
+    }
+
+    /// Counts a record out of the bound, and of its route's share.
+    fn credit(&self, record: &[u8]) {
+        self.used.fetch_sub(cost(record), Ordering::Relaxed);
+        self.shares.sub(route_part(record), cost(record));
     }
 
     /// Bytes the entries cost now, and the bound.
@@ -204,7 +220,7 @@ impl Table {
                 entry = Some(e);
             } else {
                 let (old, _) = found.remove();
-                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                self.credit(&old);
                 ticket = self.record(route, k, None);
             }
         }
@@ -213,7 +229,7 @@ impl Table {
         let Some(e) = entry else {
             if let Ok(found) = found {
                 let (old, _) = found.remove();
-                self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                self.credit(&old);
                 ticket = self.record(route, k, None);
             }
             return Ok(Updated { value, ticket });
@@ -224,9 +240,9 @@ impl Table {
                 return Ok(Updated { value, ticket });
             }
             ticket = self.record(route, k, Some(&record[at..]));
-            self.used.fetch_add(cost(&record), Ordering::Relaxed);
+            self.charge(&record);
             let old = std::mem::replace(found.get_mut(), record);
-            self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+            self.credit(&old);
             // A later expiry keeps the entry's mark (`front` moves it when due).
             if before.is_some_and(|b| e.expires_at < b) {
                 shard.marks.push_back(Mark {
@@ -234,10 +250,11 @@ impl Table {
                     expires: e.expires_at,
                 });
             }
-            self.make_room(shard, hash, now, 0);
+            self.make_room(shard, (hash, route), now, 0);
             return Ok(Updated { value, ticket });
         }
-        if !self.make_room(shard, hash, now, cost(&record)) && admit == Admit::NewDelivery {
+        if !self.make_room(shard, (hash, route), now, cost(&record)) && admit == Admit::NewDelivery
+        {
             return Err(StoreError::Full);
         }
         ticket = self.record(route, k, Some(&record[at..]));
@@ -258,17 +275,17 @@ impl Table {
         let shard = &mut *guard;
         if let Ok(found) = shard.records.find_entry(hash, |r| matches_key(r, route, k)) {
             let (old, _) = found.remove();
-            self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+            self.credit(&old);
         }
         let (record, _) = encoded(key, e);
-        self.make_room(shard, hash, now, cost(&record));
+        self.make_room(shard, (hash, route), now, cost(&record));
         self.insert_new(shard, hash, record, e.expires_at);
         Ok(())
     }
 
     /// Adds a record the shard does not hold, counted against the bound, with its mark.
     fn insert_new(&self, shard: &mut Shard, hash: u64, record: Box<[u8]>, expires: u64) {
-        self.used.fetch_add(cost(&record), Ordering::Relaxed);
+        self.charge(&record);
         shard
             .records
             .insert_unique(hash, record, |r| self.hash_record(r));
@@ -278,14 +295,15 @@ impl Table {
     /// Evicts the oldest settled entries of `keep`'s shard (held by the caller) until
     /// `need` more bytes fit under the bound; when that shard has none left, of the
     /// other shards whose lock is free (never waiting for one: no lock order to keep).
-    /// False when they still do not fit.
-    fn make_room(&self, shard: &mut Shard, keep: u64, now: u64, need: u64) -> bool {
+    /// `keep` is the entry being written: its hash and route, whose share decides
+    /// which entries may go (`Shares::may_evict`). False when they still do not fit.
+    fn make_room(&self, shard: &mut Shard, keep: (u64, &[u8]), now: u64, need: u64) -> bool {
         if self.evict(shard, keep, now, need, EVICT_LOOK) {
             return true;
         }
         // The other shards, their oldest first (by the expiry of each one's front
         // mark), so a small store with few entries per shard still forgets its oldest.
-        let own = shard_of(keep);
+        let own = shard_of(keep.0);
         let start = self.next_victim.fetch_add(1, Ordering::Relaxed) as usize;
         let mut others: Vec<(u64, usize)> = (0..SHARDS)
             .map(|n| (start + n) % SHARDS)
@@ -308,23 +326,39 @@ impl Table {
     }
 
     /// Evicts `shard`'s oldest settled entries until `need` more bytes fit under the
-    /// bound (looking at `limit` marks at most). False when they do not.
-    fn evict(&self, shard: &mut Shard, keep: u64, now: u64, need: u64, limit: usize) -> bool {
+    /// bound (looking at `limit` marks at most), of `keep`'s route or a route over its
+    /// share. False when they do not.
+    fn evict(
+        &self,
+        shard: &mut Shard,
+        keep: (u64, &[u8]),
+        now: u64,
+        need: u64,
+        limit: usize,
+    ) -> bool {
         let mut looked = 0;
         while self.used.load(Ordering::Relaxed) + need > self.max {
             let Some((m, h)) = self.front(shard, &mut looked, limit) else {
                 return false;
             };
             shard.marks.pop_front();
-            if h.protected(now) || (m.hash == keep && h.live(now)) {
+            if h.protected(now) || (m.hash == keep.0 && h.live(now)) {
                 shard.marks.push_back(m);
                 continue;
             }
             let Ok(found) = shard.records.find_entry(m.hash, |r| self.marked(r, m)) else {
                 continue;
             };
+            if h.live(now)
+                && !self
+                    .shares
+                    .may_evict(route_part(found.get()), keep.1, self.max)
+            {
+                shard.marks.push_back(m);
+                continue;
+            }
             let (old, _) = found.remove();
-            self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+            self.credit(&old);
             if h.live(now) {
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
@@ -386,7 +420,7 @@ impl Table {
                 shard.marks.pop_front();
                 if let Ok(found) = shard.records.find_entry(m.hash, |r| self.marked(r, m)) {
                     let (old, _) = found.remove();
-                    self.used.fetch_sub(cost(&old), Ordering::Relaxed);
+                    self.credit(&old);
                     if let Ok((route, key, _)) = codec::split_record(&old) {
                         self.record(route, key, None);
                     }
@@ -494,6 +528,10 @@ fn encoded(key: &DeliveryKey, e: &super::Entry) -> (Box<[u8]>, usize) {
         codec::encode(e, buf);
         (Box::from(&buf[..]), at)
     })
+}
+
+fn route_part(record: &[u8]) -> &[u8] {
+    codec::split_record(record).map_or(&[][..], |(route, _, _)| route)
 }
 
 fn matches_key(record: &[u8], route: &[u8], key: &[u8]) -> bool {
