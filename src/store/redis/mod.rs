@@ -74,10 +74,22 @@ impl ScriptDef {
 
 struct Scripts {
     replay: ScriptDef,
+    /// The one-key completion of a `P` record's owner (the common case).
+    complete_owner: ScriptDef,
+    /// The full completion: lock holders, and what complete_owner refused.
     complete: ScriptDef,
     complete_unowned: ScriptDef,
     release: ScriptDef,
     renew: ScriptDef,
+}
+
+/// Who completes a delivery: the owner of its claim record (a first delivery, an
+/// operator's replay of a released key), or a lock holder (a queue worker, whose
+/// record and log hash live `keep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Record,
+    Lock { keep: Duration },
 }
 
 /// How many replicas must confirm a claim or completion, and how long to wait for them.
@@ -111,12 +123,13 @@ pub(crate) struct Keys {
     pub lock: String,
 }
 
-/// One script call: the script, its keys and its arguments.
+/// One script call: the script, its keys and its arguments (written into one buffer,
+/// not one allocation per argument).
 pub(crate) struct Call<'a> {
     script: &'a ScriptDef,
     keys: [&'a str; 4],
     nkeys: usize,
-    args: Vec<Vec<u8>>,
+    args: Cmd,
 }
 
 impl<'a> Call<'a> {
@@ -127,7 +140,7 @@ impl<'a> Call<'a> {
             script,
             keys: k,
             nkeys: keys.len(),
-            args: Vec::with_capacity(8),
+            args: Cmd::new(),
         }
     }
 
@@ -141,7 +154,7 @@ impl<'a> Call<'a> {
     }
 
     pub(crate) fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
-        v.write_redis_args(&mut self.args);
+        self.args.arg(v);
         self
     }
 
@@ -156,9 +169,12 @@ impl<'a> Call<'a> {
             c.arg(self.script.source);
             c
         };
-        c.arg(self.nkeys)
-            .arg(&self.keys[..self.nkeys])
-            .arg(&self.args);
+        c.arg(self.nkeys).arg(&self.keys[..self.nkeys]);
+        for a in self.args.args_iter() {
+            if let redis::Arg::Simple(b) = a {
+                c.arg(b);
+            }
+        }
         c
     }
 }
@@ -179,18 +195,26 @@ impl RedisStore {
         let conn = Connection::new(&topology, timeout)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let cluster_mode: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
-        let log_writer =
-            std::sync::Arc::new(LogWriter::new(conn.clone(), timeout, cluster_mode.clone()));
+        let names = log_writer::Names {
+            prefix: prefix.into(),
+        };
+        let log_writer = std::sync::Arc::new(LogWriter::new(
+            conn.clone(),
+            timeout,
+            names.clone(),
+            cluster_mode.clone(),
+        ));
         Ok(RedisStore {
             log_writer,
             conn,
-            prefix: prefix.into(),
+            prefix: names.prefix,
             lifetimes,
             timeout,
             acks: None,
             cluster_mode,
             scripts: std::sync::Arc::new(Scripts {
                 replay: ScriptDef::new(include_str!("scripts/replay.lua")),
+                complete_owner: ScriptDef::new(include_str!("scripts/complete_owner.lua")),
                 complete: ScriptDef::new(include_str!("scripts/complete.lua")),
                 complete_unowned: ScriptDef::new(include_str!("scripts/complete_unowned.lua")),
                 release: ScriptDef::new(include_str!("scripts/release.lua")),
@@ -237,13 +261,20 @@ impl RedisStore {
     /// The delivery log hash's key; the claim record is this plus `:claim`, the lock
     /// this plus `:lock`.
     pub fn state_key(&self, key: &DeliveryKey) -> String {
-        let mut s = String::with_capacity(self.prefix.len() + key.route.len() + key.key.len() + 4);
+        let mut s = String::with_capacity(self.prefix.len() + key.route.len() + key.key.len() + 10);
         s.push_str(&self.prefix);
         s.push_str(":{");
         s.push_str(&key.route);
         s.push(':');
         s.push_str(&key.key);
         s.push('}');
+        s
+    }
+
+    /// The claim record's key alone (one allocation: the hot paths need no other).
+    pub(crate) fn record_key(&self, key: &DeliveryKey) -> String {
+        let mut s = self.state_key(key);
+        s.push_str(":claim");
         s
     }
 
@@ -257,16 +288,40 @@ impl RedisStore {
     }
 
     /// Records a completion whose record (and log hash) lives `keep`: `retention` for a
-    /// provider's delivery, longer for a queued one (`QueueBackend::complete`).
+    /// provider's delivery, longer for a queued one (`QueueBackend::complete`). A
+    /// claim's owner (`holder`) completes with the one-key script, which writes the
+    /// `C` record; a lock holder, or an owner that script refused, with the full
+    /// script (docs/reliability.md, "Fencing").
     pub(crate) async fn complete_for(
         &self,
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
         settled: Option<&Settled>,
-        keep: Duration,
+        holder: Holder,
     ) -> Result<bool, StoreError> {
+        let lifetimes = self.lifetimes.of(&key.route);
         let claim = token.to_hex();
+        if holder == Holder::Record {
+            let record_key = self.record_key(key);
+            let first_seen = record::time_of_token(claim.as_bytes()).unwrap_or(0);
+            let tail = record::owned_tail(first_seen, unix_millis(), settled, response);
+            let call = Call::new(&self.scripts.complete_owner, &[&record_key])
+                .arg(record::owner_prefix(&claim))
+                .arg(tail)
+                .arg(ms(lifetimes.retention));
+            let (reply, acked) = self.eval(&call, true).await?;
+            if int_of(&reply) == Some(1) {
+                if let Some(e) = self.under_replicated("completion", acked) {
+                    return Err(e);
+                }
+                return Ok(true);
+            }
+        }
+        let keep = match holder {
+            Holder::Lock { keep } => keep,
+            Holder::Record => lifetimes.retention,
+        };
         self.run_completion(&self.scripts.complete, key, claim, response, settled, keep)
             .await
     }
@@ -336,7 +391,7 @@ impl RedisStore {
             let mut by_sha = true;
             loop {
                 let cmd = call.command(by_sha);
-                match send(&mut conn, cmd, call.keys[0], acks).await {
+                match send(&mut conn, &cmd, call.keys[0], acks).await {
                     Err(e)
                         if by_sha && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
                     {
@@ -351,37 +406,18 @@ impl RedisStore {
         .await
     }
 
-    /// Runs `cmds` in one pipeline on the node of `key`'s slot (one round trip),
-    /// followed by `WAIT` when replica acks are on and `replicated`; returns their
-    /// replies and how many replicas confirmed them.
-    pub(crate) async fn query_all(
+    /// Runs one command on the node of `key`'s slot (one round trip), pipelined with
+    /// `WAIT` when replica acks are on and `replicated`; returns its reply and how
+    /// many replicas confirmed it.
+    pub(crate) async fn query_one(
         &self,
-        cmds: &[Cmd],
+        cmd: &Cmd,
         key: &str,
         replicated: bool,
-    ) -> Result<(Vec<Value>, Option<i64>), StoreError> {
+    ) -> Result<(Value, Option<i64>), StoreError> {
         let acks = self.acks.filter(|_| replicated);
-        let mut p = redis::pipe();
-        for c in cmds {
-            p.add_command(c.clone());
-        }
-        if let Some(a) = acks {
-            p.cmd("WAIT").arg(a.replicas).arg(ms(a.timeout));
-        }
         let mut conn = self.conn.clone();
-        let mut replies: Vec<Value> = self
-            .bounded(async {
-                let vals = conn.pipeline_on_key_master(p.ignore_errors(), key).await?;
-                vals.into_iter()
-                    .map(|v| v.extract_error())
-                    .collect::<RedisResult<Vec<Value>>>()
-            })
-            .await?;
-        let acked = acks.map(|_| replies.pop().as_ref().and_then(int_of).unwrap_or(0));
-        if replies.len() != cmds.len() {
-            return Err(bad_reply("a pipelined claim"));
-        }
-        Ok((replies, acked))
+        self.bounded(send(&mut conn, cmd, key, acks)).await
     }
 
     /// The error for an operation that fewer than the required replicas confirmed.
@@ -414,7 +450,7 @@ impl RedisStore {
 /// its reply and, with `acks`, how many replicas confirmed it.
 async fn send(
     conn: &mut Connection,
-    cmd: Cmd,
+    cmd: &Cmd,
     key: &str,
     acks: Option<ReplicaAcks>,
 ) -> RedisResult<(Value, Option<i64>)> {
@@ -422,7 +458,7 @@ async fn send(
         return cmd.query_async(conn).await.map(|v| (v, None));
     };
     let mut p = redis::pipe();
-    p.add_command(cmd)
+    p.add_command(cmd.clone())
         .cmd("WAIT")
         .arg(a.replicas)
         .arg(ms(a.timeout))
@@ -529,14 +565,8 @@ impl Store for RedisStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        self.complete_for(
-            key,
-            token,
-            response,
-            settled,
-            self.lifetimes.of(&key.route).retention,
-        )
-        .await
+        self.complete_for(key, token, response, settled, Holder::Record)
+            .await
     }
 
     async fn complete_unowned(

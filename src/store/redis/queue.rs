@@ -400,7 +400,9 @@ impl QueueBackend for RedisQueue {
             .of(&key.route)
             .retention
             .max(keep_for);
-        Box::pin(self.store.complete_for(key, token, response, None, keep))
+        // A worker holds the lock, never the record: straight to the full script.
+        let holder = super::Holder::Lock { keep };
+        Box::pin(self.store.complete_for(key, token, response, None, holder))
     }
 
     fn done<'a>(
