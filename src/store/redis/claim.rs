@@ -66,11 +66,11 @@ impl RedisStore {
         let record_key = self.record_key(key);
         let now = unix_millis();
         let token = record::claim_token(now);
-        let token_hex = token.to_hex();
-        let fp_hex = hex::encode(fp);
+        let token_hex = record::token_hex(token);
+        let fp_hex = record::fp_hex(fp);
         let mut set = redis::cmd("SET");
         set.arg(&record_key)
-            .arg(record::processing(&token_hex, &fp_hex))
+            .arg(&record::processing(&token_hex, &fp_hex)[..])
             .arg("NX")
             .arg("PX")
             .arg(ms(self.lifetimes.of(&key.route).lease))
@@ -82,21 +82,21 @@ impl RedisStore {
                 .and_then(record::parse)
                 .ok_or_else(|| bad_reply("claim"))?,
         };
-        if found.differs(fp_hex.as_bytes()) {
+        if found.differs(&fp_hex) {
             return Ok(Claim::Mismatch);
         }
         let claim = match found {
             Found::Absent => {
                 let claim = self.won(key, token, acked, GiveUp::Background).await?;
                 if let Some(log) = log {
-                    let kept = log.kept.map(|k| Box::new((fp_hex, k.clone())));
+                    let kept = log.kept.map(|k| Box::new((hex::encode(fp), k.clone())));
                     self.log_write(key, now, WriteKind::Claimed(kept)).await;
                 }
                 return Ok(claim);
             }
             // A retried claim (the first reply lost: a dropped connection, a cluster
             // client resending after a failover) finds its own token: it owns the key.
-            Found::Processing { token: t, .. } if t == token_hex.as_bytes() => {
+            Found::Processing { token: t, .. } if t == token_hex => {
                 return self.won(key, token, acked, GiveUp::Background).await;
             }
             Found::Processing { .. } => return self.in_flight(&record_key).await,

@@ -123,59 +123,60 @@ pub(crate) struct Keys {
     pub lock: String,
 }
 
-/// One script call: the script, its keys and its arguments (written into one buffer,
-/// not one allocation per argument).
+/// One script call: `EVALSHA sha nkeys keys… args…`, built once into one buffer as it
+/// is sent (no allocation per argument, no copy per call); the script's source
+/// replaces the SHA only after a `NOSCRIPT`.
 pub(crate) struct Call<'a> {
     script: &'a ScriptDef,
-    keys: [&'a str; 4],
-    nkeys: usize,
-    args: Cmd,
+    /// The first key, which routes the call on a Redis Cluster.
+    first_key: &'a str,
+    cmd: Cmd,
 }
 
 impl<'a> Call<'a> {
     pub(crate) fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
-        let mut k = [""; 4];
-        k[..keys.len()].copy_from_slice(keys);
-        Call {
-            script,
-            keys: k,
-            nkeys: keys.len(),
-            args: Cmd::new(),
-        }
+        Call::with_last_key(script, keys, None)
     }
 
-    /// Adds an optional last key (a queue script's order list), if there is one.
-    pub(crate) fn key(mut self, key: Option<&'a str>) -> Self {
-        if let Some(k) = key {
-            self.keys[self.nkeys] = k;
-            self.nkeys += 1;
+    /// `keys` and an optional last key (a queue script's order list), if there is one.
+    pub(crate) fn with_last_key(
+        script: &'a ScriptDef,
+        keys: &[&'a str],
+        last: Option<&'a str>,
+    ) -> Call<'a> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha)
+            .arg(keys.len() + usize::from(last.is_some()))
+            .arg(keys);
+        if let Some(k) = last {
+            cmd.arg(k);
         }
-        self
+        Call {
+            script,
+            first_key: keys.first().or(last.as_ref()).copied().unwrap_or_default(),
+            cmd,
+        }
     }
 
     pub(crate) fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
-        self.args.arg(v);
+        self.cmd.arg(v);
         self
     }
 
-    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`.
-    fn command(&self, by_sha: bool) -> Cmd {
-        let mut c = if by_sha {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(&self.script.sha);
-            c
-        } else {
-            let mut c = redis::cmd("EVAL");
-            c.arg(self.script.source);
-            c
-        };
-        c.arg(self.nkeys).arg(&self.keys[..self.nkeys]);
-        for a in self.args.args_iter() {
+    /// `EVALSHA sha …` as built, or `EVAL source …` after a `NOSCRIPT` (rare: once per
+    /// script per node).
+    fn command(&self, by_sha: bool) -> std::borrow::Cow<'_, Cmd> {
+        if by_sha {
+            return std::borrow::Cow::Borrowed(&self.cmd);
+        }
+        let mut c = redis::cmd("EVAL");
+        c.arg(self.script.source);
+        for a in self.cmd.args_iter().skip(2) {
             if let redis::Arg::Simple(b) = a {
                 c.arg(b);
             }
         }
-        c
+        std::borrow::Cow::Owned(c)
     }
 }
 
@@ -280,9 +281,15 @@ impl RedisStore {
 
     pub(crate) fn keys(&self, key: &DeliveryKey) -> Keys {
         let log = self.state_key(key);
+        let with = |suffix: &str| {
+            let mut s = String::with_capacity(log.len() + suffix.len());
+            s.push_str(&log);
+            s.push_str(suffix);
+            s
+        };
         Keys {
-            record: format!("{log}:claim"),
-            lock: format!("{log}:lock"),
+            record: with(":claim"),
+            lock: with(":lock"),
             log,
         }
     }
@@ -301,13 +308,16 @@ impl RedisStore {
         holder: Holder,
     ) -> Result<bool, StoreError> {
         let lifetimes = self.lifetimes.of(&key.route);
-        let claim = token.to_hex();
         if holder == Holder::Record {
             let record_key = self.record_key(key);
-            let first_seen = record::time_of_token(claim.as_bytes()).unwrap_or(0);
-            let tail = record::owned_tail(first_seen, unix_millis(), settled, response);
+            let tail = record::OwnedTail {
+                first_seen: record::time_of(token),
+                now: unix_millis(),
+                settled,
+                response,
+            };
             let call = Call::new(&self.scripts.complete_owner, &[&record_key])
-                .arg(record::owner_prefix(&claim))
+                .arg(&record::owner_prefix(&record::token_hex(token))[..])
                 .arg(tail)
                 .arg(ms(lifetimes.retention));
             let (reply, acked) = self.eval(&call, true).await?;
@@ -322,6 +332,7 @@ impl RedisStore {
             Holder::Lock { keep } => keep,
             Holder::Record => lifetimes.retention,
         };
+        let claim = token.to_hex();
         self.run_completion(&self.scripts.complete, key, claim, response, settled, keep)
             .await
     }
@@ -391,7 +402,7 @@ impl RedisStore {
             let mut by_sha = true;
             loop {
                 let cmd = call.command(by_sha);
-                match send(&mut conn, &cmd, call.keys[0], acks).await {
+                match send(&mut conn, &cmd, call.first_key, acks).await {
                     Err(e)
                         if by_sha && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
                     {

@@ -82,54 +82,86 @@ pub(crate) fn claim_token(now: u64) -> Token {
     Token(t)
 }
 
-/// The claim time a [`claim_token`] carries (its first 16 hex digits).
+/// The claim time a [`claim_token`] carries.
+pub(crate) fn time_of(token: Token) -> u64 {
+    let mut t = [0u8; 8];
+    t.copy_from_slice(&token.0[..8]);
+    u64::from_be_bytes(t)
+}
+
+/// A token in hex, on the stack.
+pub(crate) fn token_hex(token: Token) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    // 16 bytes always fit 32 hex digits.
+    let _ = hex::encode_to_slice(token.0, &mut h);
+    h
+}
+
+/// A fingerprint in hex, on the stack.
+pub(crate) fn fp_hex(fp: &[u8; 32]) -> [u8; 64] {
+    let mut h = [0u8; 64];
+    let _ = hex::encode_to_slice(fp, &mut h);
+    h
+}
+
+/// The claim time a [`claim_token`] carries, read from its hex (its first 16 digits).
 pub(crate) fn time_of_token(token_hex: &[u8]) -> Option<u64> {
     let digits = std::str::from_utf8(token_hex.get(..16)?).ok()?;
     u64::from_str_radix(digits, 16).ok()
 }
 
-/// The processing record a claim writes, `P|<token hex>|<fp hex>`, in one allocation.
-pub(crate) fn processing(token_hex: &str, fp_hex: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(2 + token_hex.len() + 1 + fp_hex.len());
-    v.extend_from_slice(b"P|");
-    v.extend_from_slice(token_hex.as_bytes());
-    v.push(b'|');
-    v.extend_from_slice(fp_hex.as_bytes());
+/// The processing record a claim writes, `P|<token hex>|<fp hex>`, on the stack.
+pub(crate) fn processing(token_hex: &[u8; 32], fp_hex: &[u8; 64]) -> [u8; 99] {
+    let mut v = [b'|'; 99];
+    v[0] = b'P';
+    v[2..34].copy_from_slice(token_hex);
+    v[35..].copy_from_slice(fp_hex);
     v
 }
 
 /// The owner check of every script: the first 35 bytes of the owner's `P` record.
-pub(crate) fn owner_prefix(token_hex: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(35);
-    v.extend_from_slice(b"P|");
-    v.extend_from_slice(token_hex.as_bytes());
-    v.push(b'|');
+pub(crate) fn owner_prefix(token_hex: &[u8; 32]) -> [u8; 35] {
+    let mut v = [b'|'; 35];
+    v[0] = b'P';
+    v[2..34].copy_from_slice(token_hex);
     v
 }
 
 /// What follows the fingerprint in the `C` record complete_owner.lua writes (it
 /// prepends `C|<fp>`): the log's fields, then the answer. `first_seen` is the claim's
-/// time (from its token), `now` the completion's.
-pub(crate) fn owned_tail(
-    first_seen: u64,
-    now: u64,
-    settled: Option<&Settled>,
-    response: &StoredResponse,
-) -> Vec<u8> {
-    let mut v = Vec::with_capacity(96 + response.headers.len() + response.body.len());
-    let outcome = settled.map_or("", |s| s.outcome.as_str());
-    // Writing into a Vec cannot fail.
-    let _ = write!(v, "|{first_seen}|{now}|{outcome}|");
-    if let Some(s) = settled {
-        if let Some(up) = s.upstream_status {
-            let _ = write!(v, "{up}");
+/// time (from its token), `now` the completion's. Written straight into the command's
+/// buffer (one argument, no buffer of its own).
+pub(crate) struct OwnedTail<'a> {
+    pub first_seen: u64,
+    pub now: u64,
+    pub settled: Option<&'a Settled>,
+    pub response: &'a StoredResponse,
+}
+
+impl OwnedTail<'_> {
+    fn write_to(&self, v: &mut impl Write) -> std::io::Result<()> {
+        let outcome = self.settled.map_or("", |s| s.outcome.as_str());
+        write!(v, "|{}|{}|{outcome}|", self.first_seen, self.now)?;
+        if let Some(s) = self.settled {
+            if let Some(up) = s.upstream_status {
+                write!(v, "{up}")?;
+            }
+            write!(v, "|{}", s.latency_ms)?;
+        } else {
+            v.write_all(b"|")?;
         }
-        let _ = write!(v, "|{}", s.latency_ms);
-    } else {
-        v.push(b'|');
+        let r = self.response;
+        write!(v, "|{}|{}|", r.status, r.headers.len())?;
+        v.write_all(&r.headers)?;
+        v.write_all(&r.body)
     }
-    answer_into(&mut v, response);
-    v
+}
+
+impl redis::ToRedisArgs for OwnedTail<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        // Writing into the command's buffer cannot fail.
+        let _ = self.write_to(&mut out.writer_for_next_arg());
+    }
 }
 
 /// What follows the fingerprint in a `c` record (complete.lua prepends `c|<fp>`):
@@ -140,6 +172,7 @@ pub(crate) fn completed_tail(response: &StoredResponse) -> Vec<u8> {
     v
 }
 
+/// `|<status>|<headers length>|<headers><body>`.
 fn answer_into(v: &mut Vec<u8>, response: &StoredResponse) {
     let _ = write!(v, "|{}|{}|", response.status, response.headers.len());
     v.extend_from_slice(&response.headers);

@@ -1,6 +1,20 @@
 use super::*;
 use crate::store::log::LogOutcome;
 
+/// An [`OwnedTail`] as the command carries it.
+fn owned_tail(first_seen: u64, now: u64, settled: Option<&Settled>, r: &StoredResponse) -> Vec<u8> {
+    let tail = OwnedTail {
+        first_seen,
+        now,
+        settled,
+        response: r,
+    };
+    let mut args: Vec<Vec<u8>> = Vec::new();
+    redis::ToRedisArgs::write_redis_args(&tail, &mut args);
+    assert_eq!(args.len(), 1, "one argument");
+    args.remove(0)
+}
+
 fn answer() -> StoredResponse {
     StoredResponse {
         status: 201,
@@ -12,10 +26,12 @@ fn answer() -> StoredResponse {
 #[test]
 fn records_round_trip_as_the_scripts_write_them() {
     let t = claim_token(1_700_000_000_123);
+    assert_eq!(time_of(t), 1_700_000_000_123);
     let fp = hex::encode([9u8; 32]);
-    let p = processing(&t.to_hex(), &fp);
+    let p = processing(&token_hex(t), &fp_hex(&[9u8; 32]));
+    assert_eq!(p[..], *format!("P|{}|{fp}", t.to_hex()).as_bytes());
     // The scripts' owner check is the first 35 bytes: `P|` + 32 hex + `|`.
-    assert_eq!(&p[..35], &owner_prefix(&t.to_hex())[..]);
+    assert_eq!(p[..35], owner_prefix(&token_hex(t)));
     assert_eq!(
         parse(&p),
         Some(Found::Processing {
