@@ -3,10 +3,13 @@
 //! an operator's replay and the queue's transitions are Lua scripts run by SHA (one
 //! round trip each; on `NOSCRIPT` the script is sent in full once, to the node that
 //! owns the key, which caches it), because they must check the owner's token first.
+//! A first delivery's completion is the one-key compare-and-set complete_owner.lua;
+//! the full complete.lua runs only when that answers 0 (lock holders, stale owners:
+//! docs/reliability.md, "Fencing").
 //!
-//! Keys: `{prefix}:{<route>:<key>}` (the delivery log's hash), `…:claim` (the claim
-//! record) and `…:lock` (the lock of an operator's replay or a queue worker: a claim
-//! that leaves the record in place). The braces are a Redis Cluster hash tag, so the
+//! Keys: `{prefix}:{<route>:<key>}` (the delivery log's hash, for what the record does
+//! not carry: log.rs), `…:claim` (the claim record) and `…:lock` (the lock of an
+//! operator's replay or a queue worker: a claim that leaves the record in place). The braces are a Redis Cluster hash tag, so the
 //! keys of a delivery share one slot and every script is single-slot: in a cluster,
 //! commands and scripts are routed by their first key.
 //!

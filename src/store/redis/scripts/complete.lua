@@ -23,6 +23,8 @@ else
   return 0
 end
 redis.call('SET', KEYS[1], 'c|' .. fp .. ARGV[2], 'PX', ARGV[5])
+-- `status`: read by the previous release's claim when no record exists (a rolling
+-- upgrade from it); this release does not read it.
 if ARGV[6] then
   redis.call('HSET', KEYS[3], 'status', 'completed', 'resp_status', ARGV[3],
     'last_seen', ARGV[4], 'outcome', ARGV[6], 'up_status', ARGV[7], 'latency_ms', ARGV[8])

@@ -17,7 +17,8 @@ elseif owner ~= 'p|' .. ARGV[1] .. '|' then
   return 0
 end
 redis.call('SET', KEYS[1], 'q|' .. string.sub(rec, 36), 'PX', ARGV[3])
--- `status`: for sidecars of the earlier layout during a rolling upgrade (claim.rs).
+-- `status`: read by the previous release's claim when no record exists (a rolling
+-- upgrade from it); this release does not read it.
 redis.call('HSET', KEYS[2], 'status', 'queued', 'delivery_attempts', 0, 'last_seen', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1

@@ -7,9 +7,9 @@
 -- under-replicated claim's plain release); a queue worker's dead-lettered key (`q`)
 -- is released, so a later copy is queued again.
 local rec = redis.call('GET', KEYS[1])
--- The log hash's `status` says `released` when the record goes, so neither a claim
--- reading the earlier layout's field (claim.rs) nor an earlier sidecar during a
--- rolling upgrade takes a stale `completed` or `queued` from it.
+-- The log hash's `status` says `released` when the record goes, so a sidecar of the
+-- previous release during a rolling upgrade (its claim reads that field when no
+-- record exists) takes no stale `completed` or `queued` from it.
 local status = 'released'
 if rec and string.sub(rec, 1, 35) == 'P|' .. ARGV[1] .. '|' then
   -- The record carried the claim's log fields (record.rs): the hash keeps them now.
