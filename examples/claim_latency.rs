@@ -126,11 +126,19 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
     let Claim::Claimed(t) = store.claim(&k, &fp, None).await.expect("claim") else {
         panic!("not claimed")
     };
-    // The log hash is written off the claim's path: reading the log waits for it.
+    // The log writer's writes are off the claim's path: reading the log waits for them.
     let _ = store.log_entry(&k).await;
     let state = store.state_key(&k);
     let record = format!("{state}:claim");
-    let usage = |key: &str| server.cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+    // A first delivery's log rides in its record: no log hash ("none").
+    let usage = |key: &str| {
+        let b = server.cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+        if b.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{b} B")
+        }
+    };
     println!(
         "{label}: answer = status {}, {} B headers, {} B body",
         answer.status,
@@ -138,7 +146,7 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
         answer.body.len()
     );
     println!(
-        "  in flight:  log hash {} B, claim record {} B (key {state:?})",
+        "  in flight:  log hash {}, claim record {} (key {state:?})",
         usage(&state),
         usage(&record)
     );
@@ -147,9 +155,8 @@ async fn memory(server: &Node, label: &str, answer: StoredResponse) {
         .await
         .expect("complete");
     println!(
-        "  completed:  log hash {} B ({}), claim record {} B",
+        "  completed:  log hash {}, claim record {}",
         usage(&state),
-        server.cli(&["OBJECT", "ENCODING", &state]),
         usage(&record)
     );
 

@@ -529,7 +529,9 @@ async fn a_replay_is_forwarded_exactly_once_while_20_copies_arrive() {
 }
 
 /// What one delivery log entry costs in Redis, by `MEMORY USAGE` (printed for
-/// docs/operating.md; asserted loosely so a Redis upgrade does not break the build).
+/// docs/operating.md; asserted loosely so a Redis upgrade does not break the build). A
+/// first delivery's log lives in its claim record (no log hash); a kept request is a
+/// hash of its own.
 #[tokio::test]
 async fn memory_cost_of_a_log_entry() {
     let redis = RedisServer::start_new();
@@ -541,16 +543,22 @@ async fn memory_cost_of_a_log_entry() {
     let d = Delivery::fresh();
     assert_eq!(plain.send(&d).await.status, 200);
     let key = format!("idemgate-test:{{{ROUTE}:{}}}", d.id);
-    let hash: u64 = redis
-        .cli(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
+    assert_eq!(
+        redis.cli(&["EXISTS", &key]),
+        "0",
+        "a first delivery's log hash"
+    );
+    let record_key = format!("{key}:claim");
+    let record: u64 = redis
+        .cli(&["MEMORY", "USAGE", &record_key, "SAMPLES", "0"])
         .parse()
         .unwrap();
-    // The same hash without the log fields, as before the delivery log existed.
-    redis.cli(&["HDEL", &key, "outcome", "up_status", "latency_ms"]);
-    let bare: u64 = redis
-        .cli(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
-        .parse()
-        .unwrap();
+    // The log's fields in the record: first and last seen, outcome, upstream status,
+    // latency (between the fingerprint and the answer's status).
+    let head = redis.cli(&["GETRANGE", &record_key, "0", "191"]);
+    let fields: Vec<&str> = head.split('|').collect();
+    assert_eq!(fields[0], "C", "{head}");
+    let log_bytes: usize = fields[2..7].iter().map(|f| f.len() + 1).sum();
     drop(plain);
 
     let kept_sc = builder(&upstream, &redis).start().await;
@@ -585,16 +593,11 @@ async fn memory_cost_of_a_log_entry() {
         .unwrap();
     let per_member = (after - before) / 1000;
     println!(
-        "MEMORY: log hash without the settled fields = {bare} B, with them = {hash} B (+{}), with kept request ({} B body) = {kept} B; recent index ≈ {per_member} B per member",
-        hash - bare,
+        "MEMORY: claim record with its answer and the log's fields = {record} B, of which the log's fields {log_bytes} B; no log hash; a kept request's hash ({} B body) = {kept} B; recent index ≈ {per_member} B per member",
         d2.body.len()
     );
-    assert!(
-        hash >= bare && hash - bare < 512,
-        "log fields cost {}",
-        hash - bare
-    );
-    assert!(kept > hash);
+    assert!(log_bytes < 80, "the log's fields: {log_bytes} B");
+    assert!(kept > 0 && record > 0);
     assert!(per_member < 200);
 }
 

@@ -49,31 +49,36 @@ async fn a_first_delivery_costs_two_round_trips_and_a_copy_one() {
     assert!(!a.replayed());
     assert_eq!(
         path(&monitor, &redis, "m1").await,
-        vec!["SET", "HGET", "EVALSHA"],
-        "a first delivery is the claim (the record's SET NX GET pipelined with the log hash's HGET of an earlier layout's status: one round trip) + the completion script"
+        vec!["SET", "EVALSHA"],
+        "a first delivery is the claim (the record's SET NX GET: one round trip) + the one-key completion script, and no log hash command"
     );
 
     let copy = sidecar.send(&d).await;
     assert!(copy.replayed());
     assert_eq!(
         path(&monitor, &redis, "m2").await,
-        vec!["SET", "HGET"],
-        "a copy is one claim round trip (SET NX GET + HGET, pipelined), no script"
+        vec!["SET"],
+        "a copy is one claim round trip (SET NX GET), no script"
     );
 
     // INFO commandstats agrees: one script call in all; three SETs, the two claims'
     // and the completion script's (commandstats counts commands run by scripts too).
     assert_eq!(calls(&redis, "evalsha") - evals_before, 1);
     assert_eq!(calls(&redis, "set") - sets_before, 3);
-    // The log's writes landed too (one attempt, one duplicate), off the path.
+    // The copy's count landed too, off the path; the first deliveries wrote no log
+    // hash (their records carry the log: record.rs).
     wait_until(
         std::time::Duration::from_secs(5),
-        "the log writer's HINCRBYs",
-        || {
-            calls(&redis, "hincrby") >= 3 // the warm-up's attempt, this one's, the copy's duplicate
-        },
+        "the log writer's HINCRBY",
+        || calls(&redis, "hincrby") >= 1,
     )
     .await;
+    assert_eq!(calls(&redis, "hincrby"), 1, "only the copy's duplicate");
+    assert_eq!(
+        calls(&redis, "hset"),
+        1,
+        "only the copy's last_seen: no log hash field per first delivery"
+    );
     assert_eq!(upstream.count(), 2);
 }
 
@@ -120,14 +125,14 @@ async fn the_unsigned_key_guard_adds_no_round_trip() {
     assert_eq!((a.status, a.replayed()), (200, false));
     assert_eq!(
         path(&monitor, &redis, "g1").await,
-        vec!["SET", "HGET", "EVALSHA"],
+        vec!["SET", "EVALSHA"],
         "claim + complete"
     );
     let copy = send("d-2", &body).await.unwrap();
     assert!(copy.replayed());
     assert_eq!(
         path(&monitor, &redis, "g2").await,
-        vec!["SET", "HGET"],
+        vec!["SET"],
         "a copy under a new delivery ID is one claim"
     );
     assert_eq!(upstream.count(), 2);

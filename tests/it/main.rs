@@ -47,6 +47,7 @@ mod layering;
 mod pacing_conformance;
 mod props;
 mod queue_conformance;
+mod redis_records;
 mod settle_conformance;
 mod store_conformance;
 mod store_log_conformance;

@@ -500,61 +500,6 @@ conformance! {
 
 // ---- Redis-only properties -------------------------------------------------------
 
-/// A key's remaining lifetime in ms (-2: gone, -1: no TTL).
-fn pttl(server: &RedisServer, key: &str) -> i64 {
-    server.cli(&["PTTL", key]).parse().unwrap()
-}
-
-/// The keys of a delivery carry the same `{route:key}` hash tag, and carry TTLs: the
-/// claim record lives for the lease while processing, the log hash longer; the record
-/// holds the owner's token and the payload's fingerprint.
-#[tokio::test]
-async fn redis_keys_share_a_hash_tag_and_expire() {
-    let server = RedisServer::start_new();
-    let s = RedisStore::new(&server.url(), "pfx", LONG, Duration::from_secs(1)).unwrap();
-    let k = key("evt_tag");
-    let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
-    // The log's hash is written off the claim's path: reading the log waits for it.
-    assert!(s.log_entry(&k).await.unwrap().is_some());
-    let mut keys = server.keys();
-    keys.sort();
-    assert_eq!(
-        keys,
-        vec![
-            "pfx:{route:evt_tag}".to_string(),
-            "pfx:{route:evt_tag}:claim".to_string()
-        ]
-    );
-    let record_ttl = pttl(&server, "pfx:{route:evt_tag}:claim");
-    assert!(record_ttl > 0 && record_ttl <= 30_000, "{record_ttl}");
-    let log_ttl = pttl(&server, "pfx:{route:evt_tag}");
-    assert!(log_ttl > 30_000 && log_ttl <= 3_600_000, "{log_ttl}");
-    assert_eq!(
-        server.cli(&["GET", "pfx:{route:evt_tag}:claim"]),
-        format!("p|{}|{}", t.to_hex(), hex::encode(fp("a")))
-    );
-    // Completed: the record holds the answer for `retention`.
-    assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
-    let record_ttl = pttl(&server, "pfx:{route:evt_tag}:claim");
-    assert!(
-        record_ttl > 30_000 && record_ttl <= 3_600_000,
-        "{record_ttl}"
-    );
-    // What a sidecar of the earlier layout reads during a rolling upgrade: the status
-    // and the answer's status code, so it answers a copy instead of forwarding it.
-    assert_eq!(
-        server.cli(&["HMGET", "pfx:{route:evt_tag}", "status", "resp_status"]),
-        "completed\n201"
-    );
-    assert!(
-        server
-            .cli(&["GET", "pfx:{route:evt_tag}:claim"])
-            .starts_with(&format!("c|{}|201|", hex::encode(fp("a")))),
-        "{}",
-        server.cli(&["GET", "pfx:{route:evt_tag}:claim"])
-    );
-}
-
 /// A restarted Redis has no scripts loaded and no connection: both come back by
 /// themselves, and an unreachable Redis answers an error within the store timeout.
 #[tokio::test]
@@ -664,8 +609,13 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
     for i in 0..30 {
         let k = key(&format!("evt_{i}"));
         let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
-        // The log's hash is written off the claim's path: reading the log waits for it.
-        assert!(s.log_entry(&k).await.unwrap().is_some());
+        assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
+        assert_eq!(
+            s.claim(&k, &fp("a"), None).await.unwrap(),
+            Claim::Completed(response(b"ok"))
+        );
+        // The copy's count is written off the claim's path: reading the log waits for it.
+        assert_eq!(s.log_entry(&k).await.unwrap().unwrap().duplicates, 1);
         let state = s.state_key(&k);
         let port = cluster.master_of(&state);
         let keys = cluster.keys_on(port);
@@ -676,11 +626,6 @@ async fn redis_cluster_routes_each_delivery_to_its_slot() {
         assert!(
             keys.contains(&format!("{state}:claim")),
             "claim record not beside {state}"
-        );
-        assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
-        assert_eq!(
-            s.claim(&k, &fp("a"), None).await.unwrap(),
-            Claim::Completed(response(b"ok"))
         );
         used.insert(port);
     }
@@ -744,7 +689,8 @@ async fn redis_no_script_leaves_a_key_without_a_ttl() {
         tokio::time::sleep(RENEW_EVERY).await;
         assert!(s.renew(&k, t).await.unwrap());
     }
-    assert!(pttl(&k) > 0, "the hash of a renewed claim: {}", pttl(&k));
+    // A first delivery writes no log hash (its record carries the log: record.rs).
+    assert_eq!(pttl(&k), -2, "the hash of a renewed claim: {}", pttl(&k));
     assert!(s.release(&k, t, None).await.unwrap());
     assert!(pttl(&k) > 0, "after the release: {}", pttl(&k));
     // The hash is gone while the claim lives: the release leaves no key without TTL.
@@ -759,7 +705,7 @@ async fn redis_no_script_leaves_a_key_without_a_ttl() {
     let t = claimed(s.claim(&k, &fp("a"), None).await.unwrap());
     server.cli(&["DEL", &s.state_key(&k)]);
     assert!(s.complete(&k, t, &response(b"ok"), None).await.unwrap());
-    assert!(pttl(&k) > 0, "after the completion: {}", pttl(&k));
+    assert_ne!(pttl(&k), -1, "after the completion: {}", pttl(&k));
     assert_eq!(
         s.claim(&k, &fp("a"), None).await.unwrap(),
         Claim::Completed(response(b"ok"))
@@ -780,96 +726,6 @@ async fn redis_no_script_leaves_a_key_without_a_ttl() {
     assert!(
         s.log_entry(&k).await.unwrap().is_none(),
         "a fragment listed"
-    );
-}
-
-/// Keys written before the claim record existed (state in the hash's `status`, an
-/// in-flight claim in `…:lock`), as an upgrade finds them: completed ones are answered
-/// and never forwarded again, queued ones acknowledged, held ones in flight; released
-/// ones are claimed. An operator's replay of an old completed key keeps its answer.
-#[tokio::test]
-async fn redis_keys_of_the_earlier_layout_are_honoured() {
-    let server = RedisServer::start_new();
-    let s = RedisStore::new(&server.url(), "pfx", LONG, Duration::from_secs(1)).unwrap();
-    let a = hex::encode(fp("a"));
-    let old = |id: &str, fields: &[&str]| {
-        let hash = format!("pfx:{{route:{id}}}");
-        let mut args = vec!["HSET", hash.as_str(), "fp", a.as_str(), "first_seen", "1"];
-        args.extend_from_slice(fields);
-        server.cli(&args);
-        server.cli(&["PEXPIRE", &hash, "60000"]);
-        key(id)
-    };
-    let headers = "content-type: text/plain\r\nx-app: 1\r\n";
-    let answer = [
-        "resp_status",
-        "201",
-        "resp_headers",
-        headers,
-        "resp_body",
-        "old",
-    ];
-    let answered = |id: &str, status: &[&str]| old(id, &[status, &answer[..]].concat());
-    let done = answered("old_done", &["status", "completed"]);
-    for _ in 0..2 {
-        assert_eq!(
-            s.claim(&done, &fp("a"), None).await.unwrap(),
-            Claim::Completed(response(b"old"))
-        );
-    }
-    assert_eq!(
-        s.claim(&done, &fp("b"), None).await.unwrap(),
-        Claim::Mismatch
-    );
-    let ttl = pttl(&server, "pfx:{route:old_done}:claim");
-    assert!(
-        ttl > 0 && ttl <= 60_000,
-        "the record keeps the old lifetime: {ttl}"
-    );
-
-    let queued = old("old_queued", &["status", "queued"]);
-    assert_eq!(
-        s.claim(&queued, &fp("a"), None).await.unwrap(),
-        Claim::Queued
-    );
-
-    let held = old("old_held", &["status", "processing"]);
-    server.cli(&[
-        "SET",
-        "pfx:{route:old_held}:lock",
-        "an-old-token",
-        "PX",
-        "5000",
-    ]);
-    assert!(matches!(
-        s.claim(&held, &fp("a"), None).await.unwrap(),
-        Claim::InFlight { .. }
-    ));
-    assert_eq!(server.cli(&["EXISTS", "pfx:{route:old_held}:claim"]), "0");
-
-    let lapsed_replay = answered(
-        "old_lapsed_replay",
-        &["status", "processing", "restore", "1"],
-    );
-    assert_eq!(
-        s.claim(&lapsed_replay, &fp("a"), None).await.unwrap(),
-        Claim::Completed(response(b"old"))
-    );
-
-    let released = old("old_released", &["status", "released"]);
-    claimed(s.claim(&released, &fp("a"), None).await.unwrap());
-
-    // An operator's replay of an old completed key: copies wait; failed, the old answer.
-    let replayed = answered("old_replayed", &["status", "completed"]);
-    let op = claimed(s.claim(&replayed, &fp("a"), REPLAY).await.unwrap());
-    assert!(matches!(
-        s.claim(&replayed, &fp("a"), None).await.unwrap(),
-        Claim::InFlight { .. }
-    ));
-    assert!(s.release(&replayed, op, None).await.unwrap());
-    assert_eq!(
-        s.claim(&replayed, &fp("a"), None).await.unwrap(),
-        Claim::Completed(response(b"old"))
     );
 }
 

@@ -1,11 +1,13 @@
 //! Claims on Redis: the plain claim of a first delivery or a copy (one `SET … NX PX …
 //! GET` on the claim record, no Lua: record.rs) and an operator's replay (replay.lua).
 //!
-//! Keys written before the claim record existed keep their state in the log hash's
-//! `status` field (`completed` with `resp_*`, `queued`, `processing` under the old
-//! claim's `…:lock`): left by an earlier version for up to `retention` after an
-//! upgrade. The plain claim reads that field in the same round trip and honours it
-//! (`earlier_layout`), so an upgrade forwards no completed delivery again.
+//! The claim's log fields are in the record it writes (`P`: the claim's time in its
+//! token, one attempt); a logged claim queues only its member of the recent index
+//! (and the kept request), a copy its count (log_writer.rs).
+//!
+//! Keys of the layout before the claim record (state in the log hash's `status`) are
+//! no longer read: an upgrade from a version before the claim record passes through
+//! the previous release and waits `retention` (docs/reliability.md, "Upgrades").
 
 use std::time::Duration;
 
@@ -13,10 +15,10 @@ use redis::Value;
 
 use super::log_writer::{LogWrite, WriteKind, WriteTtls};
 use super::record::{self, Found};
-use super::{Call, Keys, RedisStore, bad_reply, bytes_of, int_of, ms};
+use super::{Call, RedisStore, bad_reply, bytes_of, int_of, ms};
 use crate::providers::Fingerprint;
 use crate::store::log::ClaimLog;
-use crate::store::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token, unix_millis};
+use crate::store::{Claim, DeliveryKey, Store, StoreError, Token, unix_millis};
 
 impl RedisStore {
     /// A claim this caller won, once enough replicas confirmed it. A claim that too
@@ -50,66 +52,54 @@ impl RedisStore {
         Ok(Claim::Claimed(token))
     }
 
-    /// A plain claim (a first delivery or a copy): `SET record p|token|fp NX PX lease
-    /// GET`, one command and one round trip (with the log hash's `status`, for keys of
-    /// the earlier layout); the old record, if any, says what to answer (record.rs).
-    /// Only the rare answers take a second round trip: "in flight" (the lease's
-    /// remaining time), a replayed key (whether the replay still holds its lock) and a
-    /// key of the earlier layout. The log's part is queued for the log writer.
+    /// A plain claim (a first delivery or a copy): `SET record P|token|fp NX PX lease
+    /// GET`, one command and one round trip; the old record, if any, says what to
+    /// answer (record.rs). Only the rare answers take a second round trip: "in flight"
+    /// (the lease's remaining time) and a replayed key (whether the replay still holds
+    /// its lock). The log's part is queued for the log writer.
     pub(super) async fn plain_claim(
         &self,
         key: &DeliveryKey,
         fp: &Fingerprint,
         log: Option<ClaimLog<'_>>,
     ) -> Result<Claim, StoreError> {
-        let keys = self.keys(key);
-        let token = Token::random();
-        let token_hex = token.to_hex();
-        let fp_hex = hex::encode(fp);
+        let record_key = self.record_key(key);
+        let now = unix_millis();
+        let token = record::claim_token(now);
+        let token_hex = record::token_hex(token);
+        let fp_hex = record::fp_hex(fp);
         let mut set = redis::cmd("SET");
-        set.arg(&keys.record)
-            .arg(record::processing(&token_hex, &fp_hex))
+        set.arg(&record_key)
+            .arg(&record::processing(&token_hex, &fp_hex)[..])
             .arg("NX")
             .arg("PX")
             .arg(ms(self.lifetimes.of(&key.route).lease))
             .arg("GET");
-        let mut status = redis::cmd("HGET");
-        status.arg(&keys.log).arg("status");
-        let (replies, acked) = self.query_all(&[set, status], &keys.record, true).await?;
-        let found = match replies.first() {
-            Some(Value::Nil) => Found::Absent,
-            v => v
-                .and_then(bytes_of)
+        let (reply, acked) = self.query_one(&set, &record_key, true).await?;
+        let found = match reply {
+            Value::Nil => Found::Absent,
+            v => bytes_of(&v)
                 .and_then(record::parse)
                 .ok_or_else(|| bad_reply("claim"))?,
         };
-        if found.differs(fp_hex.as_bytes()) {
+        if found.differs(&fp_hex) {
             return Ok(Claim::Mismatch);
         }
         let claim = match found {
             Found::Absent => {
-                let earlier = replies.get(1).and_then(bytes_of).unwrap_or_default();
-                if !earlier.is_empty() && earlier != b"released" {
-                    let answer = self.earlier_layout(key, &keys, &fp_hex, earlier).await?;
-                    if let Some(claim) = answer {
-                        if matches!(claim, Claim::Completed(_) | Claim::Queued) {
-                            self.log_write(keys.log, key, log, WriteKind::Copy).await;
-                        }
-                        return Ok(claim);
-                    }
-                }
                 let claim = self.won(key, token, acked, GiveUp::Background).await?;
-                let kept = log.and_then(|l| l.kept.cloned());
-                let kind = WriteKind::Claimed { fp_hex, kept };
-                self.log_write(keys.log, key, log, kind).await;
+                if let Some(log) = log {
+                    let kept = log.kept.map(|k| Box::new((hex::encode(fp), k.clone())));
+                    self.log_write(key, now, WriteKind::Claimed(kept)).await;
+                }
                 return Ok(claim);
             }
             // A retried claim (the first reply lost: a dropped connection, a cluster
             // client resending after a failover) finds its own token: it owns the key.
-            Found::Processing { token: t, .. } if t == token_hex.as_bytes() => {
+            Found::Processing { token: t, .. } if t == token_hex => {
                 return self.won(key, token, acked, GiveUp::Background).await;
             }
-            Found::Processing { .. } => return self.in_flight(&keys.record).await,
+            Found::Processing { .. } => return self.in_flight(&record_key).await,
             Found::Queued { .. } => Claim::Queued,
             Found::Completed { response, .. } => {
                 let raw = replies.first().and_then(bytes_of);
@@ -118,7 +108,7 @@ impl RedisStore {
             }
             Found::Replaying { response, .. } => {
                 // One read says both whether the replay holds the key and for how long.
-                let remaining = self.pttl(&keys.lock).await?;
+                let remaining = self.pttl(&self.keys(key).lock).await?;
                 if remaining > 0 {
                     return Ok(in_flight(remaining));
                 }
@@ -127,7 +117,7 @@ impl RedisStore {
                 Claim::Completed(response)
             }
         };
-        self.log_write(keys.log, key, log, WriteKind::Copy).await;
+        self.log_write(key, now, WriteKind::Copy).await;
         Ok(claim)
     }
 
@@ -142,97 +132,16 @@ impl RedisStore {
             .await
     }
 
-    /// Queues this claim's log write (the recent index only for a logged claim).
-    async fn log_write(
-        &self,
-        hash: String,
-        key: &DeliveryKey,
-        log: Option<ClaimLog<'_>>,
-        kind: WriteKind,
-    ) {
-        let index = log.map(|_| self.index_key(&key.route));
-        let ttls = WriteTtls::of(self.lifetimes.of(&key.route));
-        let (key, now) = (key.key.clone(), unix_millis());
+    /// Queues this claim's log write.
+    async fn log_write(&self, key: &DeliveryKey, now: u64, kind: WriteKind) {
         let write = LogWrite {
-            ttls,
-            hash,
-            index,
-            key,
+            route: key.route.clone(),
+            key: key.key.clone(),
             now,
+            ttls: WriteTtls::of(self.lifetimes.of(&key.route)),
             kind,
         };
         self.log_writer.write(write).await;
-    }
-
-    /// This call just took a free record (`p|token|fp`, so no one else can change it
-    /// until it lapses) of a key whose log hash says `status` in the earlier layout.
-    /// A completed key gets its record (`c`, for the hash's remaining lifetime) and its
-    /// answer; a queued one `q`; one an earlier sidecar holds (its `…:lock` alive) is
-    /// given back and answered "in flight". `None`: the earlier state does not hold the
-    /// key (released, lapsed): the claim stands.
-    async fn earlier_layout(
-        &self,
-        key: &DeliveryKey,
-        keys: &Keys,
-        fp_hex: &str,
-        status: &[u8],
-    ) -> Result<Option<Claim>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("HMGET")
-            .arg(&keys.log)
-            .arg(&["fp", "resp_status", "resp_headers", "resp_body", "restore"])
-            .cmd("PTTL")
-            .arg(&keys.log)
-            .cmd("PTTL")
-            .arg(&keys.lock);
-        let mut conn = self.conn.clone();
-        type Old = (Vec<Option<Vec<u8>>>, i64, i64);
-        let (f, hash_ttl, lock_ttl): Old = self.bounded(pipe.query_async(&mut conn)).await?;
-        let field = |i: usize| f.get(i).cloned().flatten();
-        let old_fp = field(0).unwrap_or_default();
-        let answer = field(1)
-            .and_then(|s| String::from_utf8(s).ok()?.parse::<u16>().ok())
-            .map(|status| StoredResponse {
-                status,
-                headers: field(2).unwrap_or_default().into(),
-                body: field(3).unwrap_or_default().into(),
-            });
-        let lapsed_replay = status == b"processing" && field(4).as_deref() == Some(b"1");
-        let held = lock_ttl > 0 || status == b"completed" || status == b"queued" || lapsed_replay;
-        let mut write = redis::cmd("SET");
-        write.arg(&keys.record);
-        let claim = if held && !old_fp.is_empty() && old_fp != fp_hex.as_bytes() {
-            write = redis::cmd("DEL");
-            write.arg(&keys.record);
-            Claim::Mismatch
-        } else if lock_ttl > 0 {
-            // An earlier sidecar's claim (or replay) holds the key: this one gives its
-            // record back.
-            write = redis::cmd("DEL");
-            write.arg(&keys.record);
-            in_flight(lock_ttl)
-        } else if let Some(a) = answer.filter(|_| status == b"completed" || lapsed_replay) {
-            let mut rec = b"c|".to_vec();
-            rec.extend(&old_fp);
-            rec.extend(record::completed_tail(&a));
-            write.arg(rec).arg("XX").arg("PX").arg(hash_ttl.max(1));
-            Claim::Completed(a)
-        } else if status == b"queued" {
-            let mut rec = b"q|".to_vec();
-            rec.extend(if old_fp.is_empty() {
-                fp_hex.as_bytes()
-            } else {
-                &old_fp
-            });
-            let keep = hash_ttl.max(ms(self.lifetimes.of(&key.route).retention) as i64);
-            write.arg(rec).arg("XX").arg("PX").arg(keep);
-            Claim::Queued
-        } else {
-            return Ok(None);
-        };
-        let mut conn = self.conn.clone();
-        let _: Value = self.bounded(write.query_async(&mut conn)).await?;
-        Ok(Some(claim))
     }
 
     /// An operator's replay: the forced claim, a script (replay.lua).

@@ -1,13 +1,19 @@
 //! The delivery log on Redis: the log's arguments to the replay, complete and release
-//! scripts, and the operator's reads of each delivery's log hash and claim record.
+//! scripts, and the operator's reads of each delivery's claim record and log hash.
 //!
-//! The log is a hash per delivery beside its claim record (record.rs): `fp`,
-//! `attempts`, `duplicates`, `first_seen`, `last_seen` and, with `keep_payload`,
-//! `req_method`, `req_path`, `req_headers`, `req_body`, written for plain claims by the
-//! log writer (log_writer.rs), and `resp_status`, `outcome`, `up_status`,
-//! `latency_ms`, `replays` written by the complete, release and replay scripts (extra
-//! ARGV, so no extra round trip). A delivery's status is read off its record, never
-//! off the hash.
+//! A delivery's log is its claim record's head plus its log hash. A first delivery's
+//! fields live in its record (record.rs): the claim's time and one attempt in `P`;
+//! with `C` also the outcome, the upstream's status, the latency, the answer's status
+//! and when it completed: no log hash is written for it at all. The hash (`fp`,
+//! `attempts`, `duplicates`, `first_seen`, `last_seen`, `resp_status`, `outcome`,
+//! `up_status`, `latency_ms`, `replays` and, with `keep_payload`, `req_method`,
+//! `req_path`, `req_headers`, `req_body`) holds what no record carries: the copies'
+//! counts (summed by the log writer, log_writer.rs), the kept request, and what the
+//! rare paths write (release, replay, the queue, a lock holder's completion), which
+//! move a `P` or `C` record's fields into the hash when they replace it. A read adds
+//! the two: attempts are the hash's plus the record's own, and the record's outcome
+//! stands over the hash's. A delivery's status is read off its record, never off the
+//! hash.
 //!
 //! The recent index is a sorted set per route, `{prefix}:recent:{<route>}` (its own
 //! hash tag, so one slot per route on a Redis Cluster), scored by when the delivery
@@ -20,6 +26,7 @@
 use redis::Value;
 
 use super::connection::query_groups;
+use super::record::{Head, head_of};
 use super::{Call, Keys, RedisStore, ScriptDef, bytes_of, int_of};
 use crate::store::log::{
     ClaimLog, Cursor, Forgot, KeptRequest, ListQuery, LogEntry, LogSupport, Page, SCAN_BUDGET,
@@ -28,7 +35,7 @@ use crate::store::log::{
 use crate::store::{DeliveryKey, Status, StoreError};
 
 /// The hash fields a listing reads, in order.
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 11] = [
     "fp",
     "attempts",
     "duplicates",
@@ -40,12 +47,11 @@ const FIELDS: [&str; 12] = [
     "latency_ms",
     "replays",
     "req_method",
-    "status",
 ];
 
-/// How much of a record the log reads: its tag, the token and the fingerprint
-/// (`p|<32>|<64>` is the longest head), not the stored answer.
-const RECORD_HEAD: i64 = 127;
+/// How much of a record the log reads: its tag, the fingerprint and the log's fields
+/// (`C|<64>|<13>|<13>|<22>|<3>|<20>|<3>|` is the longest head), not the stored answer.
+const RECORD_HEAD: i64 = 191;
 
 /// How many index entries one listing reads per round trip.
 const BATCH: usize = 200;
@@ -65,44 +71,49 @@ fn num(f: &Fields, i: usize) -> Option<u64> {
 }
 
 /// A delivery's status and whether a claim holds it, from its record's head and
-/// whether its lock is held (record.rs). Without a record, the hash's `status` of the
-/// earlier layout (claim.rs) if it holds the key, else a released (or lapsed) claim;
-/// a hash without `first_seen` is no delivery (a fragment a late log write re-created
-/// after a forget).
-fn status_of(head: &[u8], locked: bool, f: &Fields) -> Option<(Status, bool)> {
-    Some(match head.first() {
-        Some(b'p') => (Status::Processing, true),
-        Some(b'q') => (Status::Queued, locked),
-        Some(b'r') if locked => (Status::Processing, true),
-        Some(b'c' | b'r') => (Status::Completed, locked),
+/// whether its lock is held (record.rs); without a record, a released (or lapsed)
+/// claim. Neither a record nor a hash with `first_seen`: no delivery (expired, or a
+/// fragment a late log write re-created after a forget).
+fn status_of(head: &Head, locked: bool, f: &Fields) -> Option<(Status, bool)> {
+    Some(match head.tag {
+        b'p' | b'P' => (Status::Processing, true),
+        b'q' => (Status::Queued, locked),
+        b'r' if locked => (Status::Processing, true),
+        b'c' | b'C' | b'r' => (Status::Completed, locked),
         _ if text(f, 3).is_none() => return None,
-        _ => match text(f, 11).as_deref() {
-            Some("completed") if text(f, 5).is_some() => (Status::Completed, locked),
-            Some("queued") => (Status::Queued, locked),
-            Some("processing") if locked => (Status::Processing, true),
-            _ => (Status::Released, locked),
-        },
+        _ => (Status::Released, locked),
     })
 }
 
 fn entry_of(route: &str, key: &str, f: &Fields, head: &[u8], locked: bool) -> Option<LogEntry> {
-    let (status, claimed) = status_of(head, locked, f)?;
+    let h = head_of(head);
+    let (status, claimed) = status_of(&h, locked, f)?;
+    // The record's outcome (a `C` completion) stands over the hash's (an earlier
+    // release's), all three fields together.
+    let (outcome, upstream_status, latency_ms) = match h.outcome.clone() {
+        Some(o) => (Some(o), h.upstream_status, h.latency_ms),
+        None => (
+            text(f, 6),
+            num(f, 7).and_then(|s| u16::try_from(s).ok()),
+            num(f, 8),
+        ),
+    };
     Some(LogEntry {
         route: route.to_string(),
         key: key.to_string(),
         status,
         claimed,
-        fingerprint: super::record::fp_in_head(head)
-            .or_else(|| text(f, 0))
-            .unwrap_or_default(),
-        attempts: num(f, 1).unwrap_or(0),
+        fingerprint: h.fp.clone().or_else(|| text(f, 0)).unwrap_or_default(),
+        attempts: num(f, 1).unwrap_or(0) + u64::from(h.attempt),
         duplicates: num(f, 2).unwrap_or(0),
-        first_seen: num(f, 3).unwrap_or(0),
-        last_seen: num(f, 4).unwrap_or(0),
-        response_status: num(f, 5).and_then(|s| u16::try_from(s).ok()),
-        outcome: text(f, 6),
-        upstream_status: num(f, 7).and_then(|s| u16::try_from(s).ok()),
-        latency_ms: num(f, 8),
+        first_seen: num(f, 3).or(h.first_seen).unwrap_or(0),
+        last_seen: num(f, 4).max(h.last_seen).unwrap_or(0),
+        response_status: h
+            .response_status
+            .or_else(|| num(f, 5).and_then(|s| u16::try_from(s).ok())),
+        outcome,
+        upstream_status,
+        latency_ms,
         replays: num(f, 9).unwrap_or(0),
         has_request: text(f, 10).is_some(),
         request: None,
@@ -126,7 +137,10 @@ impl RedisStore {
 
     /// The route's recent index (see the module docs).
     pub(super) fn index_key(&self, route: &str) -> String {
-        format!("{}:recent:{{{route}}}", self.prefix)
+        super::log_writer::Names {
+            prefix: self.prefix.clone(),
+        }
+        .index(route)
     }
 
     /// A replay's arguments after the claim's own (see replay.lua): the kept request.

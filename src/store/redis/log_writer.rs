@@ -1,74 +1,72 @@
-//! The delivery log's writes for plain claims, off the delivery's path: a claim's one
-//! awaited command is the record's `SET … NX GET` (record.rs); what it means for the
-//! log (attempts, duplicates, first and last seen, the fingerprint, the kept request,
-//! the recent index) is queued here and written by one background task, as one
-//! pipeline per batch of concurrent deliveries (no Lua, one write and one read per
-//! batch instead of per delivery; on a Redis Cluster one small pipeline per slot, sent
-//! at once). The recent index is written here only, the same on every deployment.
+//! The delivery log's writes for plain claims, off the delivery's path. A first
+//! delivery's log fields live in its claim record (record.rs: the claim's time and
+//! attempt in `P`, the outcome, latency and statuses in `C`), so what is left here is
+//! what no record carries: the route's recent index, the copies' counts, and the kept
+//! request (`keep_payload`). They are queued here and written by one background task,
+//! per batch of concurrent deliveries (no Lua): each delivery's copies summed into one
+//! `HINCRBY duplicates n` and one `last_seen`, each route's new members in one
+//! multi-member `ZADD NX`; on a Redis Cluster one small pipeline per slot, sent at
+//! once. The recent index is written here only, the same on every deployment.
 //!
 //! The log hash holds no state a claim decides on, so the order between these writes
-//! and a completion's script does not matter: counters are `HINCRBY`, `first_seen` is
-//! `HSETNX`. A write that lands after an operator's forget re-creates a fragment of
-//! the hash: `PEXPIRE … NX` gives it a lifetime, and a hash without `first_seen` is not
-//! a delivery to the log's reads. Reads in this process (`flush`) first wait for what
-//! was queued before them; another process sees the writes one batch later.
+//! and the scripts does not matter: counters are `HINCRBY`, and the fields a script
+//! moves from a record into the hash are `HSETNX`. A write that lands after an
+//! operator's forget re-creates a fragment of the hash: `PEXPIRE … NX` gives it a
+//! lifetime, and a hash without `first_seen` and without a record is not a delivery
+//! to the log's reads. Reads in this process (`flush`) first wait for what was queued
+//! before them; another process sees the writes one batch later.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::{ErrorKind, Pipeline, ServerErrorKind, Value};
 
 use super::connection::{Connection, query_groups};
-use super::{int_of, ms};
+use super::{bytes_of, int_of, ms};
 use crate::store::Lifetimes;
 use crate::store::log::{KeptRequest, RECENT_PER_ROUTE};
 
 /// How many writes the queue holds before a claim waits for the writer.
 const QUEUE: usize = 8192;
-/// How many writes one pipeline carries at most.
+/// How many writes one batch carries at most (so the sums' map stays small).
 const BATCH: usize = 256;
 
 /// One claim's writes to the log.
 pub(crate) struct LogWrite {
-    /// The lifetimes of its route's keys.
-    pub ttls: WriteTtls,
-    /// The log hash's key.
-    pub hash: String,
-    /// The route's recent index, when this claim is logged and the store keeps one.
-    pub index: Option<String>,
+    pub route: Arc<str>,
     /// The delivery's key (the index's member).
     pub key: String,
+    /// The claim's time (Unix ms): the member's score, a copy's `last_seen`.
     pub now: u64,
+    /// The lifetimes of its route's keys.
+    pub ttls: WriteTtls,
     pub kind: WriteKind,
 }
 
 pub(crate) enum WriteKind {
-    /// This claim took the key: one more attempt; the request, when kept.
-    Claimed {
-        fp_hex: String,
-        kept: Option<KeptRequest>,
-    },
+    /// A logged claim took the key: its member in the recent index; the request, when
+    /// kept (with the fingerprint, hex).
+    Claimed(Option<Box<(String, KeptRequest)>>),
     /// A copy answered from the record: one more duplicate.
     Copy,
 }
 
-/// One queue slot; nearly every message is a `Write`, so boxing it to shrink the rare
-/// `Flush` would cost an allocation per delivery.
-#[allow(clippy::large_enum_variant)]
+/// One queue slot.
 enum Msg {
     Write(LogWrite),
     Flush(oneshot::Sender<()>),
 }
 
 /// Lifetimes the writes give the hash and the index (ms), from the route's lifetimes.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WriteTtls {
-    /// A new hash of a claim: the longer of retention and lease.
+    /// A hash a kept request creates: the longer of retention and lease.
     pub hash: u64,
-    /// A copy's hash when it has none (a fragment after a forget): retention.
+    /// A copy's hash when it has none: retention.
     pub fragment: u64,
     /// The recent index: retention + lease.
     pub index: u64,
@@ -85,10 +83,41 @@ impl WriteTtls {
     }
 }
 
+/// The store's key names the writer needs (mod.rs builds the same).
+#[derive(Clone)]
+pub(crate) struct Names {
+    pub prefix: Arc<str>,
+}
+
+impl Names {
+    /// A delivery's log hash, `{prefix}:{<route>:<key>}`.
+    pub(crate) fn hash(&self, route: &str, key: &str) -> String {
+        let mut s = String::with_capacity(self.prefix.len() + route.len() + key.len() + 4);
+        s.push_str(&self.prefix);
+        s.push_str(":{");
+        s.push_str(route);
+        s.push(':');
+        s.push_str(key);
+        s.push('}');
+        s
+    }
+
+    /// A route's recent index, `{prefix}:recent:{<route>}` (its own hash tag).
+    pub(crate) fn index(&self, route: &str) -> String {
+        let mut s = String::with_capacity(self.prefix.len() + route.len() + 11);
+        s.push_str(&self.prefix);
+        s.push_str(":recent:{");
+        s.push_str(route);
+        s.push('}');
+        s
+    }
+}
+
 /// See the module documentation. Cloned stores share one writer.
 pub(crate) struct LogWriter {
     conn: Connection,
     timeout: Duration,
+    names: Names,
     /// The store's "a `redis://` server in cluster mode" flag (cluster_mode.rs).
     cluster_mode: Arc<AtomicBool>,
     /// How many members each recent index keeps (`store.recent_per_route`).
@@ -102,11 +131,13 @@ impl LogWriter {
     pub(crate) fn new(
         conn: Connection,
         timeout: Duration,
+        names: Names,
         cluster_mode: Arc<AtomicBool>,
     ) -> LogWriter {
         LogWriter {
             conn,
             timeout,
+            names,
             cluster_mode,
             cap: Arc::new(AtomicUsize::new(RECENT_PER_ROUTE)),
             tx: Mutex::new(None),
@@ -119,13 +150,14 @@ impl LogWriter {
             Some(s) if !s.is_closed() => s.clone(),
             _ => {
                 let (s, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(run(
-                    self.conn.clone(),
-                    self.timeout,
-                    self.cluster_mode.clone(),
-                    self.cap.clone(),
-                    rx,
-                ));
+                let writer = Writer {
+                    conn: self.conn.clone(),
+                    timeout: self.timeout,
+                    names: self.names.clone(),
+                    cluster_mode: self.cluster_mode.clone(),
+                    cap: self.cap.clone(),
+                };
+                tokio::spawn(writer.run(rx));
                 *tx = Some(s.clone());
                 s
             }
@@ -155,398 +187,346 @@ impl LogWriter {
     }
 }
 
-async fn run(
+/// The writer task's state.
+struct Writer {
     conn: Connection,
     timeout: Duration,
+    names: Names,
     cluster_mode: Arc<AtomicBool>,
     cap: Arc<AtomicUsize>,
-    mut rx: mpsc::Receiver<Msg>,
-) {
-    let mut batch = Vec::with_capacity(BATCH);
-    let mut failed_at: Option<tokio::time::Instant> = None;
-    loop {
-        if rx.recv_many(&mut batch, BATCH).await == 0 {
-            return;
-        }
-        let mut waiting = Vec::new();
-        let mut writes = Vec::with_capacity(batch.len());
-        for msg in batch.drain(..) {
-            match msg {
-                Msg::Write(w) => writes.push(w),
-                Msg::Flush(done) => waiting.push(done),
-            }
-        }
-        if !writes.is_empty() {
-            let written = tokio::time::timeout(
-                timeout,
-                write_batch(&conn, &writes, cap.load(Ordering::Relaxed), &cluster_mode),
-            )
-            .await
-            .unwrap_or_else(|_| Err("timed out".to_string()));
-            // One warning per 10 s at most: a Redis outage fails every batch.
-            if let Err(error) = written
-                && failed_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
-            {
-                failed_at = Some(tokio::time::Instant::now());
-                tracing::warn!(%error, "writing the delivery log failed; those deliveries' log entries are incomplete");
-            }
-        }
-        for done in waiting {
-            let _ = done.send(());
-        }
-    }
 }
 
-/// Writes one batch (see [`Plan`]): the hashes and indexes, then the rare fix-ups.
-/// One transaction per batch keeps each hash's writes and its TTL together (a batch
-/// cut by a connection reset cannot leave a hash without one); keys of many slots
-/// cannot share one on a Redis Cluster or a server in cluster mode (`CROSSSLOT`,
-/// noted on the way), so there each hash and each index is its own pipeline.
-async fn write_batch(
-    conn: &Connection,
-    writes: &[LogWrite],
-    cap: usize,
-    cluster_mode: &AtomicBool,
-) -> Result<(), String> {
-    let plan = Plan::of(writes, cap);
-    let mut replies = None;
-    if !matches!(conn, Connection::Cluster(_)) && !cluster_mode.load(Ordering::Relaxed) {
-        match plan
-            .atomic()
-            .query_async::<Vec<Value>>(&mut conn.clone())
-            .await
-        {
-            Ok(r) => replies = Some(plan.split_atomic(r)),
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
-                if !cluster_mode.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "store.url names a Redis server in cluster mode: the delivery log is written without transactions"
-                    );
+impl Writer {
+    async fn run(self, mut rx: mpsc::Receiver<Msg>) {
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut failed_at: Option<tokio::time::Instant> = None;
+        loop {
+            if rx.recv_many(&mut batch, BATCH).await == 0 {
+                return;
+            }
+            let mut waiting = Vec::new();
+            let mut sums = Sums::default();
+            for msg in batch.drain(..) {
+                match msg {
+                    Msg::Write(w) => sums.add(w),
+                    Msg::Flush(done) => waiting.push(done),
                 }
             }
-            Err(e) => return Err(e.to_string()),
+            if !sums.is_empty() {
+                let written = tokio::time::timeout(self.timeout, self.write(&sums))
+                    .await
+                    .unwrap_or_else(|_| Err("timed out".to_string()));
+                // One warning per 10 s at most: a Redis outage fails every batch.
+                if let Err(error) = written
+                    && failed_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+                {
+                    failed_at = Some(tokio::time::Instant::now());
+                    tracing::warn!(%error, "writing the delivery log failed; those deliveries' copy counts or index entries are missing");
+                }
+            }
+            for done in waiting {
+                let _ = done.send(());
+            }
         }
     }
-    let replies = match replies {
-        Some(r) => r,
-        None => query_groups(conn, plan.groups())
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?,
-    };
-    let fixups = plan.fixups(writes, &replies);
-    if fixups.is_empty() {
-        return Ok(());
-    }
-    for r in query_groups(conn, fixups).await {
-        r.map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
 
-/// One batch's commands, in groups of one slot: each write's hash commands, then one
-/// group per recent index: a `ZADD NX` per logged claim (scored by the claim's time;
-/// an earlier claim of the same delivery keeps its place), trimmed and given its
-/// lifetime once per batch (an index left without a TTL by a cut batch gets one from
-/// the next claim). Copies do not touch the index: a delivery keeps its place, so a
-/// listing's cursor neither skips nor repeats it.
-///
-/// The index is scored by when the delivery was first seen; a member left by an
-/// earlier life of the same key (expired, its member not yet dropped) would keep the
-/// old score under `NX`, so a claim that set the hash's `first_seen` (its `HSETNX`
-/// answered 1) while its `ZADD NX` added nothing moves the member to its time in a
-/// second, rare step ([`Plan::fixups`]).
-struct Plan {
-    /// Each write's hash commands (its `HSETNX first_seen` second, for a claim).
-    hashes: Vec<redis::Pipeline>,
-    /// Each index's commands: its members' `ZADD NX` first, then its upkeep.
-    indexes: Vec<redis::Pipeline>,
-    /// For each logged claim: its write, its index and its `ZADD`'s place there.
-    members: Vec<(usize, usize, usize)>,
-}
+    /// Writes one batch (see [`Sums::plan`]), then the rare fix-ups. One transaction
+    /// per batch keeps each hash's writes and its TTL together (a batch cut by a
+    /// connection reset cannot leave a hash without one); keys of many slots cannot
+    /// share one on a Redis Cluster or a server in cluster mode (`CROSSSLOT`, noted on
+    /// the way), so there each hash and each index is its own pipeline.
+    async fn write(&self, sums: &Sums) -> Result<(), String> {
+        let cap = self.cap.load(Ordering::Relaxed);
+        let conn = &self.conn;
+        let mut scores = None;
+        if !matches!(conn, Connection::Cluster(_)) && !self.cluster_mode.load(Ordering::Relaxed) {
+            let plan = sums.plan(&self.names, cap, true);
+            let Some(one) = plan.groups.first() else {
+                return Ok(());
+            };
+            match one.query_async::<Vec<Value>>(&mut conn.clone()).await {
+                // [EXEC (with hash writes), then each route's ZMSCORE, ZADD, trim, PEXPIRE]
+                Ok(r) => {
+                    let exec = usize::from(sums.has_hash_writes());
+                    scores = Some(r.into_iter().skip(exec).step_by(4).collect());
+                }
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+                    if !self.cluster_mode.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "store.url names a Redis server in cluster mode: the delivery log is written without transactions"
+                        );
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let scores: Vec<Value> = match scores {
+            Some(s) => s,
+            None => {
+                let plan = sums.plan(&self.names, cap, false);
+                let replies = query_groups(conn, plan.groups)
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                let indexes = replies.len() - sums.routes.len();
+                replies
+                    .into_iter()
+                    .skip(indexes)
+                    .map(|mut r| {
+                        if r.is_empty() {
+                            Value::Nil
+                        } else {
+                            r.swap_remove(0)
+                        }
+                    })
+                    .collect()
+            }
+        };
+        self.fix_earlier_lives(sums, &scores).await
+    }
 
-impl Plan {
-    /// `cap`: how many members each index keeps.
-    fn of(writes: &[LogWrite], cap: usize) -> Plan {
-        let hashes = writes.iter().map(hash_commands).collect();
-        // Each index's name and lifetime: one index per route, so its writes share
-        // the route's lifetimes.
-        let mut names: Vec<(&str, u64)> = Vec::new();
-        let mut indexes: Vec<redis::Pipeline> = Vec::new();
-        let mut members = Vec::new();
-        for (i, w) in writes.iter().enumerate() {
-            let (Some(index), WriteKind::Claimed { .. }) = (w.index.as_deref(), &w.kind) else {
+    /// The index is scored by when a delivery was first seen; a member left by an
+    /// earlier life of the same key (expired, its member not yet dropped) would keep
+    /// the old score under `NX`. A claim whose member was already there (`ZMSCORE`,
+    /// read before the `ZADD`) is a re-claim after a release, whose hash holds
+    /// `first_seen` (release.lua moves it there), or a new life, whose member is moved
+    /// to its time: a second, rare step.
+    async fn fix_earlier_lives(&self, sums: &Sums, scores: &[Value]) -> Result<(), String> {
+        let mut seen = Vec::new();
+        for (route, scores) in sums.routes.iter().zip(scores) {
+            let Value::Array(scores) = scores else {
                 continue;
             };
-            let at = names
-                .iter()
-                .position(|(n, _)| *n == index)
-                .unwrap_or_else(|| {
-                    names.push((index, w.ttls.index));
-                    indexes.push(redis::pipe());
-                    names.len() - 1
-                });
-            members.push((i, at, indexes[at].len()));
-            indexes[at]
-                .cmd("ZADD")
-                .arg(index)
-                .arg("NX")
-                .arg(w.now)
-                .arg(&w.key);
-        }
-        for ((name, ttl), pipe) in names.iter().zip(&mut indexes) {
-            pipe.cmd("ZREMRANGEBYRANK")
-                .arg(*name)
-                .arg(0)
-                .arg(-i64::try_from(cap).unwrap_or(i64::MAX - 1) - 1);
-            pipe.cmd("PEXPIRE").arg(*name).arg(*ttl);
-        }
-        Plan {
-            hashes,
-            indexes,
-            members,
-        }
-    }
-
-    /// Every group as one pipeline: the hashes in one `MULTI`/`EXEC`, then the indexes.
-    fn atomic(&self) -> redis::Pipeline {
-        let mut pipe = redis::pipe();
-        pipe.cmd("MULTI").ignore();
-        for h in &self.hashes {
-            for c in h.cmd_iter() {
-                pipe.add_command(c.clone()).ignore();
+            for ((key, now), score) in route.members.iter().zip(scores) {
+                if !matches!(score, Value::Nil) && score_of(score) != Some(*now) {
+                    seen.push((route, key, *now));
+                }
             }
         }
-        pipe.cmd("EXEC");
-        for i in &self.indexes {
-            for c in i.cmd_iter() {
-                pipe.add_command(c.clone());
-            }
+        if seen.is_empty() {
+            return Ok(());
         }
-        pipe
-    }
-
-    /// The replies of [`Plan::atomic`] per group, as [`Plan::groups`] would give them.
-    fn split_atomic(&self, replies: Vec<Value>) -> Vec<Vec<Value>> {
-        let mut it = replies.into_iter();
-        let mut exec = match it.next() {
-            Some(Value::Array(v)) => v.into_iter(),
-            _ => Vec::new().into_iter(),
-        };
-        let mut out: Vec<Vec<Value>> = self
-            .hashes
+        let checks = seen
             .iter()
-            .map(|h| exec.by_ref().take(h.len()).collect())
+            .map(|(route, key, _)| {
+                let mut p = redis::pipe();
+                p.cmd("HEXISTS")
+                    .arg(self.names.hash(&route.route, key))
+                    .arg("first_seen");
+                p
+            })
             .collect();
-        out.extend(
-            self.indexes
-                .iter()
-                .map(|i| it.by_ref().take(i.len()).collect()),
-        );
-        out
-    }
-
-    /// The groups, one slot each: the hashes, then the indexes.
-    fn groups(&self) -> Vec<redis::Pipeline> {
-        self.hashes.iter().chain(&self.indexes).cloned().collect()
-    }
-
-    /// The `ZADD XX` moving each member an earlier life left behind to its claim's
-    /// time, per index, from the batch's replies (per group, as [`Plan::groups`]).
-    fn fixups(&self, writes: &[LogWrite], replies: &[Vec<Value>]) -> Vec<redis::Pipeline> {
-        let mut out: Vec<(usize, redis::Pipeline)> = Vec::new();
-        for &(w, at, place) in &self.members {
-            let first = replies.get(w).and_then(|r| r.get(1)).and_then(int_of);
-            let added = replies
-                .get(self.hashes.len() + at)
-                .and_then(|r| r.get(place))
-                .and_then(int_of);
-            if first != Some(1) || added != Some(0) {
+        let mut moves: Vec<Pipeline> = Vec::new();
+        let mut at: Vec<&str> = Vec::new();
+        for ((route, key, now), r) in seen.iter().zip(query_groups(&self.conn, checks).await) {
+            let r = r.map_err(|e| e.to_string())?;
+            if r.first().and_then(int_of) != Some(0) {
                 continue;
             }
-            let (write, mut cmd) = (&writes[w], redis::cmd("ZADD"));
-            cmd.arg(write.index.as_deref())
+            let i = at
+                .iter()
+                .position(|r| *r == &*route.route)
+                .unwrap_or_else(|| {
+                    at.push(&route.route);
+                    moves.push(redis::pipe());
+                    at.len() - 1
+                });
+            moves[i]
+                .cmd("ZADD")
+                .arg(self.names.index(&route.route))
                 .arg("XX")
-                .arg(write.now)
-                .arg(&write.key);
-            match out.iter_mut().find(|(i, _)| *i == at) {
-                Some((_, p)) => {
-                    p.add_command(cmd);
-                }
-                None => {
-                    let mut p = redis::pipe();
-                    p.add_command(cmd);
-                    out.push((at, p));
-                }
-            }
+                .arg(*now)
+                .arg(*key);
         }
-        out.into_iter().map(|(_, p)| p).collect()
+        for r in query_groups(&self.conn, moves).await {
+            r.map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 }
 
-/// One claim's writes to its log hash, in one slot (a claim's `HSETNX first_seen`
-/// second: [`Plan::fixups`] reads its reply).
-fn hash_commands(w: &LogWrite) -> redis::Pipeline {
-    let ttls = w.ttls;
-    let mut pipe = redis::pipe();
-    match &w.kind {
-        WriteKind::Claimed { fp_hex, kept } => {
-            let hset = pipe
-                .cmd("HSET")
-                .arg(&w.hash)
-                .arg("fp")
-                .arg(fp_hex)
-                .arg("last_seen")
-                .arg(w.now);
-            if let Some(k) = kept {
-                hset.arg("req_method")
-                    .arg(&k.method)
-                    .arg("req_path")
-                    .arg(&k.path)
-                    .arg("req_headers")
-                    .arg(k.headers.as_ref())
-                    .arg("req_body")
-                    .arg(k.body.as_ref());
+fn score_of(v: &Value) -> Option<u64> {
+    match v {
+        Value::Double(d) => Some(*d as u64),
+        other => std::str::from_utf8(bytes_of(other)?)
+            .ok()?
+            .parse::<f64>()
+            .ok()
+            .map(|d| d as u64),
+    }
+}
+
+/// One route's new members in a batch.
+struct RouteMembers {
+    route: Arc<str>,
+    index_ttl: u64,
+    /// (key, first seen), in arrival order; a key once (its first claim).
+    members: Vec<(String, u64)>,
+}
+
+/// A delivery's copies in a batch, summed.
+struct Copies {
+    n: u64,
+    last_seen: u64,
+    fragment_ttl: u64,
+}
+
+/// A kept request to write: route, key, the hash's lifetime, fingerprint and request.
+type Kept = (Arc<str>, String, u64, Box<(String, KeptRequest)>);
+
+/// One batch, summed: what each delivery and each route gets.
+#[derive(Default)]
+struct Sums {
+    copies: HashMap<(Arc<str>, String), Copies>,
+    kept: Vec<Kept>,
+    routes: Vec<RouteMembers>,
+}
+
+impl Sums {
+    fn add(&mut self, w: LogWrite) {
+        match w.kind {
+            WriteKind::Copy => {
+                let c = self.copies.entry((w.route, w.key)).or_insert(Copies {
+                    n: 0,
+                    last_seen: 0,
+                    fragment_ttl: w.ttls.fragment,
+                });
+                c.n += 1;
+                c.last_seen = c.last_seen.max(w.now);
             }
-            pipe.cmd("HSETNX").arg(&w.hash).arg("first_seen").arg(w.now);
-            pipe.cmd("HINCRBY").arg(&w.hash).arg("attempts").arg(1);
-            // NX: a completion that got here first set `retention`, which stands; a
-            // claim that outlives the hash's lifetime is kept alive by renew.lua.
-            pipe.cmd("PEXPIRE").arg(&w.hash).arg(ttls.hash).arg("NX");
-        }
-        WriteKind::Copy => {
-            pipe.cmd("HINCRBY").arg(&w.hash).arg("duplicates").arg(1);
-            pipe.cmd("HSET").arg(&w.hash).arg("last_seen").arg(w.now);
-            pipe.cmd("PEXPIRE")
-                .arg(&w.hash)
-                .arg(ttls.fragment)
-                .arg("NX");
+            WriteKind::Claimed(kept) => {
+                let at = match self.routes.iter().position(|r| r.route == w.route) {
+                    Some(at) => at,
+                    None => {
+                        self.routes.push(RouteMembers {
+                            route: w.route.clone(),
+                            index_ttl: w.ttls.index,
+                            members: Vec::new(),
+                        });
+                        self.routes.len() - 1
+                    }
+                };
+                if let Some(k) = kept {
+                    self.kept
+                        .push((w.route.clone(), w.key.clone(), w.ttls.hash, k));
+                }
+                let members = &mut self.routes[at].members;
+                if !members.iter().any(|(k, _)| *k == w.key) {
+                    members.push((w.key, w.now));
+                }
+            }
         }
     }
-    pipe
+
+    /// Whether the batch writes any log hash (copies, kept requests).
+    fn has_hash_writes(&self) -> bool {
+        !(self.copies.is_empty() && self.kept.is_empty())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.copies.is_empty() && self.kept.is_empty() && self.routes.is_empty()
+    }
+
+    /// The batch's commands, built once. `atomic`: one pipeline, the hashes in one
+    /// `MULTI`/`EXEC`, then each index; otherwise one pipeline per slot: each hash,
+    /// then each index. Each index: `ZMSCORE` of its new members (for
+    /// [`Writer::fix_earlier_lives`]), one `ZADD NX` of them all (scored by each
+    /// claim's time; an earlier claim of the same delivery keeps its place), trimmed
+    /// and given its lifetime. Copies do not touch the index: a delivery keeps its
+    /// place, so a listing's cursor neither skips nor repeats it.
+    fn plan(&self, names: &Names, cap: usize, atomic: bool) -> Plan {
+        let mut groups = Vec::new();
+        let mut one = redis::pipe();
+        if atomic && self.has_hash_writes() {
+            one.cmd("MULTI").ignore();
+        }
+        let mut hashes: Vec<Pipeline> = Vec::new();
+        for ((route, key), c) in &self.copies {
+            let p = slot(atomic, &mut one, &mut hashes);
+            let hash = names.hash(route, key);
+            p.cmd("HINCRBY").arg(&hash).arg("duplicates").arg(c.n);
+            quiet(atomic, p);
+            p.cmd("HSET").arg(&hash).arg("last_seen").arg(c.last_seen);
+            quiet(atomic, p);
+            p.cmd("PEXPIRE").arg(&hash).arg(c.fragment_ttl).arg("NX");
+            quiet(atomic, p);
+        }
+        for (route, key, ttl, kept) in &self.kept {
+            let p = slot(atomic, &mut one, &mut hashes);
+            let (fp_hex, k) = &**kept;
+            let hash = names.hash(route, key);
+            p.cmd("HSET")
+                .arg(&hash)
+                .arg("fp")
+                .arg(fp_hex)
+                .arg("req_method")
+                .arg(&k.method)
+                .arg("req_path")
+                .arg(&k.path)
+                .arg("req_headers")
+                .arg(k.headers.as_ref())
+                .arg("req_body")
+                .arg(k.body.as_ref());
+            quiet(atomic, p);
+            // NX: a script that got here first set its own lifetime, which stands.
+            p.cmd("PEXPIRE").arg(&hash).arg(*ttl).arg("NX");
+            quiet(atomic, p);
+        }
+        if atomic && self.has_hash_writes() {
+            one.cmd("EXEC");
+        }
+        groups.extend(hashes);
+        for r in &self.routes {
+            let p = slot(atomic, &mut one, &mut groups);
+            let index = names.index(&r.route);
+            p.cmd("ZMSCORE").arg(&index);
+            for (key, _) in &r.members {
+                p.arg(key);
+            }
+            p.cmd("ZADD").arg(&index).arg("NX");
+            for (key, now) in &r.members {
+                p.arg(*now).arg(key);
+            }
+            p.cmd("ZREMRANGEBYRANK")
+                .arg(&index)
+                .arg(0)
+                .arg(-i64::try_from(cap).unwrap_or(i64::MAX - 1) - 1);
+            p.cmd("PEXPIRE").arg(&index).arg(r.index_ttl);
+        }
+        if atomic {
+            groups.insert(0, one);
+        }
+        Plan { groups }
+    }
+}
+
+/// Inside the one pipeline's `MULTI`, a command's reply (`QUEUED`) is dropped: EXEC's
+/// array stands for them all.
+fn quiet(atomic: bool, p: &mut Pipeline) {
+    if atomic {
+        p.ignore();
+    }
+}
+
+/// Where a group's commands go: the one pipeline, or a new one of its own.
+fn slot<'a>(
+    atomic: bool,
+    one: &'a mut Pipeline,
+    groups: &'a mut Vec<Pipeline>,
+) -> &'a mut Pipeline {
+    if atomic {
+        return one;
+    }
+    groups.push(redis::pipe());
+    let last = groups.len() - 1;
+    &mut groups[last]
+}
+
+/// One batch's pipelines (see [`Sums::plan`]).
+struct Plan {
+    groups: Vec<Pipeline>,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const TTLS: WriteTtls = WriteTtls {
-        hash: 1000,
-        fragment: 900,
-        index: 1100,
-    };
-    /// Route `b`'s: a longer retention than the others'.
-    const TTLS_B: WriteTtls = WriteTtls {
-        hash: 2000,
-        fragment: 1900,
-        index: 2200,
-    };
-
-    fn write(route: &str, key: &str, now: u64, claimed: bool) -> LogWrite {
-        LogWrite {
-            ttls: if route == "b" { TTLS_B } else { TTLS },
-            hash: format!("h:{route}:{key}"),
-            index: Some(format!("i:{route}")),
-            key: key.to_string(),
-            now,
-            kind: if claimed {
-                WriteKind::Claimed {
-                    fp_hex: "ab".into(),
-                    kept: None,
-                }
-            } else {
-                WriteKind::Copy
-            },
-        }
-    }
-
-    /// Each command as its words, for comparing.
-    fn words(pipe: &redis::Pipeline) -> Vec<String> {
-        pipe.cmd_iter()
-            .map(|c| {
-                c.args_iter()
-                    .map(|a| match a {
-                        redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                        _ => "<other>".into(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_batch_is_one_transaction_then_each_index_and_copies_leave_it_alone() {
-        let batch = [
-            write("a", "k1", 10, true),
-            write("b", "k2", 11, false),
-            write("a", "k3", 12, true),
-            write("b", "k4", 13, true),
-        ];
-        let plan = Plan::of(&batch, RECENT_PER_ROUTE);
-        let w = words(&plan.atomic());
-        assert_eq!(w.iter().filter(|c| *c == "MULTI").count(), 1, "{w:#?}");
-        assert_eq!(w.iter().filter(|c| *c == "EXEC").count(), 1, "{w:#?}");
-        let exec = w.iter().position(|c| c == "EXEC").unwrap();
-        // Every hash write sits inside the one transaction.
-        assert!(
-            w[..exec]
-                .iter()
-                .any(|c| c.starts_with("HINCRBY h:b:k2 duplicates"))
-        );
-        // Only claims place members, each `NX` at its time; a copy moves none.
-        assert_eq!(
-            w[exec + 1..],
-            [
-                "ZADD i:a NX 10 k1",
-                "ZADD i:a NX 12 k3",
-                "ZREMRANGEBYRANK i:a 0 -10001",
-                "PEXPIRE i:a 1100",
-                // Each index lives as long as its own route's lifetimes say.
-                "ZADD i:b NX 13 k4",
-                "ZREMRANGEBYRANK i:b 0 -10001",
-                "PEXPIRE i:b 2200",
-            ]
-        );
-        // Per slot: four hashes, two indexes.
-        assert_eq!(plan.groups().len(), 6);
-    }
-
-    #[test]
-    fn a_member_an_earlier_life_left_is_moved_to_the_new_claim_only() {
-        let batch = [write("a", "k1", 10, true), write("a", "k2", 12, true)];
-        let plan = Plan::of(&batch, RECENT_PER_ROUTE);
-        let hash = |first: i64| {
-            vec![
-                Value::Int(0),
-                Value::Int(first),
-                Value::Int(1),
-                Value::Int(1),
-            ]
-        };
-        // k1: a new hash (`HSETNX` 1) whose member was there (`ZADD NX` 0): moved.
-        // k2: the hash was there (a claim after a release): it keeps its place.
-        let replies = vec![
-            hash(1),
-            hash(0),
-            vec![Value::Int(0), Value::Int(0), Value::Int(0), Value::Int(1)],
-        ];
-        let fix: Vec<String> = plan
-            .fixups(&batch, &replies)
-            .iter()
-            .flat_map(words)
-            .collect();
-        assert_eq!(fix, ["ZADD i:a XX 10 k1"]);
-        // The atomic pipeline's replies split the same way as the groups'.
-        let exec = Value::Array(hash(1).into_iter().chain(hash(0)).collect());
-        let split = plan.split_atomic(vec![
-            exec,
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(1),
-        ]);
-        assert_eq!(split, replies);
-    }
-}
+mod tests;

@@ -3,10 +3,13 @@
 //! an operator's replay and the queue's transitions are Lua scripts run by SHA (one
 //! round trip each; on `NOSCRIPT` the script is sent in full once, to the node that
 //! owns the key, which caches it), because they must check the owner's token first.
+//! A first delivery's completion is the one-key compare-and-set complete_owner.lua;
+//! the full complete.lua runs only when that answers 0 (lock holders, stale owners:
+//! docs/reliability.md, "Fencing").
 //!
-//! Keys: `{prefix}:{<route>:<key>}` (the delivery log's hash), `…:claim` (the claim
-//! record) and `…:lock` (the lock of an operator's replay or a queue worker: a claim
-//! that leaves the record in place). The braces are a Redis Cluster hash tag, so the
+//! Keys: `{prefix}:{<route>:<key>}` (the delivery log's hash, for what the record does
+//! not carry: log.rs), `…:claim` (the claim record) and `…:lock` (the lock of an
+//! operator's replay or a queue worker: a claim that leaves the record in place). The braces are a Redis Cluster hash tag, so the
 //! keys of a delivery share one slot and every script is single-slot: in a cluster,
 //! commands and scripts are routed by their first key.
 //!
@@ -77,10 +80,22 @@ impl ScriptDef {
 
 struct Scripts {
     replay: ScriptDef,
+    /// The one-key completion of a `P` record's owner (the common case).
+    complete_owner: ScriptDef,
+    /// The full completion: lock holders, and what complete_owner refused.
     complete: ScriptDef,
     complete_unowned: ScriptDef,
     release: ScriptDef,
     renew: ScriptDef,
+}
+
+/// Who completes a delivery: the owner of its claim record (a first delivery, an
+/// operator's replay of a released key), or a lock holder (a queue worker, whose
+/// record and log hash live `keep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Record,
+    Lock { keep: Duration },
 }
 
 /// How many replicas must confirm a claim or completion, and how long to wait for them.
@@ -114,55 +129,60 @@ pub(crate) struct Keys {
     pub lock: String,
 }
 
-/// One script call: the script, its keys and its arguments.
+/// One script call: `EVALSHA sha nkeys keys… args…`, built once into one buffer as it
+/// is sent (no allocation per argument, no copy per call); the script's source
+/// replaces the SHA only after a `NOSCRIPT`.
 pub(crate) struct Call<'a> {
     script: &'a ScriptDef,
-    keys: [&'a str; 4],
-    nkeys: usize,
-    args: Vec<Vec<u8>>,
+    /// The first key, which routes the call on a Redis Cluster.
+    first_key: &'a str,
+    cmd: Cmd,
 }
 
 impl<'a> Call<'a> {
     pub(crate) fn new(script: &'a ScriptDef, keys: &[&'a str]) -> Call<'a> {
-        let mut k = [""; 4];
-        k[..keys.len()].copy_from_slice(keys);
-        Call {
-            script,
-            keys: k,
-            nkeys: keys.len(),
-            args: Vec::with_capacity(8),
-        }
+        Call::with_last_key(script, keys, None)
     }
 
-    /// Adds an optional last key (a queue script's order list), if there is one.
-    pub(crate) fn key(mut self, key: Option<&'a str>) -> Self {
-        if let Some(k) = key {
-            self.keys[self.nkeys] = k;
-            self.nkeys += 1;
+    /// `keys` and an optional last key (a queue script's order list), if there is one.
+    pub(crate) fn with_last_key(
+        script: &'a ScriptDef,
+        keys: &[&'a str],
+        last: Option<&'a str>,
+    ) -> Call<'a> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha)
+            .arg(keys.len() + usize::from(last.is_some()))
+            .arg(keys);
+        if let Some(k) = last {
+            cmd.arg(k);
         }
-        self
+        Call {
+            script,
+            first_key: keys.first().or(last.as_ref()).copied().unwrap_or_default(),
+            cmd,
+        }
     }
 
     pub(crate) fn arg(mut self, v: impl redis::ToRedisArgs) -> Self {
-        v.write_redis_args(&mut self.args);
+        self.cmd.arg(v);
         self
     }
 
-    /// `EVALSHA sha …`, or `EVAL source …` after a `NOSCRIPT`.
-    fn command(&self, by_sha: bool) -> Cmd {
-        let mut c = if by_sha {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(&self.script.sha);
-            c
-        } else {
-            let mut c = redis::cmd("EVAL");
-            c.arg(self.script.source);
-            c
-        };
-        c.arg(self.nkeys)
-            .arg(&self.keys[..self.nkeys])
-            .arg(&self.args);
-        c
+    /// `EVALSHA sha …` as built, or `EVAL source …` after a `NOSCRIPT` (rare: once per
+    /// script per node).
+    fn command(&self, by_sha: bool) -> std::borrow::Cow<'_, Cmd> {
+        if by_sha {
+            return std::borrow::Cow::Borrowed(&self.cmd);
+        }
+        let mut c = redis::cmd("EVAL");
+        c.arg(self.script.source);
+        for a in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(b) = a {
+                c.arg(b);
+            }
+        }
+        std::borrow::Cow::Owned(c)
     }
 }
 
@@ -182,18 +202,26 @@ impl RedisStore {
         let conn = Connection::new(&topology, timeout)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let cluster_mode: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
-        let log_writer =
-            std::sync::Arc::new(LogWriter::new(conn.clone(), timeout, cluster_mode.clone()));
+        let names = log_writer::Names {
+            prefix: prefix.into(),
+        };
+        let log_writer = std::sync::Arc::new(LogWriter::new(
+            conn.clone(),
+            timeout,
+            names.clone(),
+            cluster_mode.clone(),
+        ));
         Ok(RedisStore {
             log_writer,
             conn,
-            prefix: prefix.into(),
+            prefix: names.prefix,
             lifetimes,
             timeout,
             acks: None,
             cluster_mode,
             scripts: std::sync::Arc::new(Scripts {
                 replay: ScriptDef::new(include_str!("scripts/replay.lua")),
+                complete_owner: ScriptDef::new(include_str!("scripts/complete_owner.lua")),
                 complete: ScriptDef::new(include_str!("scripts/complete.lua")),
                 complete_unowned: ScriptDef::new(include_str!("scripts/complete_unowned.lua")),
                 release: ScriptDef::new(include_str!("scripts/release.lua")),
@@ -240,7 +268,7 @@ impl RedisStore {
     /// The delivery log hash's key; the claim record is this plus `:claim`, the lock
     /// this plus `:lock`.
     pub fn state_key(&self, key: &DeliveryKey) -> String {
-        let mut s = String::with_capacity(self.prefix.len() + key.route.len() + key.key.len() + 4);
+        let mut s = String::with_capacity(self.prefix.len() + key.route.len() + key.key.len() + 10);
         s.push_str(&self.prefix);
         s.push_str(":{");
         s.push_str(&key.route);
@@ -250,25 +278,66 @@ impl RedisStore {
         s
     }
 
+    /// The claim record's key alone (one allocation: the hot paths need no other).
+    pub(crate) fn record_key(&self, key: &DeliveryKey) -> String {
+        let mut s = self.state_key(key);
+        s.push_str(":claim");
+        s
+    }
+
     pub(crate) fn keys(&self, key: &DeliveryKey) -> Keys {
         let log = self.state_key(key);
+        let with = |suffix: &str| {
+            let mut s = String::with_capacity(log.len() + suffix.len());
+            s.push_str(&log);
+            s.push_str(suffix);
+            s
+        };
         Keys {
-            record: format!("{log}:claim"),
-            lock: format!("{log}:lock"),
+            record: with(":claim"),
+            lock: with(":lock"),
             log,
         }
     }
 
     /// Records a completion whose record (and log hash) lives `keep`: `retention` for a
-    /// provider's delivery, longer for a queued one (`QueueBackend::complete`).
+    /// provider's delivery, longer for a queued one (`QueueBackend::complete`). A
+    /// claim's owner (`holder`) completes with the one-key script, which writes the
+    /// `C` record; a lock holder, or an owner that script refused, with the full
+    /// script (docs/reliability.md, "Fencing").
     pub(crate) async fn complete_for(
         &self,
         key: &DeliveryKey,
         token: Token,
         response: &StoredResponse,
         settled: Option<&Settled>,
-        keep: Duration,
+        holder: Holder,
     ) -> Result<bool, StoreError> {
+        let lifetimes = self.lifetimes.of(&key.route);
+        if holder == Holder::Record {
+            let record_key = self.record_key(key);
+            let tail = record::OwnedTail {
+                first_seen: record::time_of(token),
+                now: unix_millis(),
+                settled,
+                response,
+            };
+            let call = Call::new(&self.scripts.complete_owner, &[&record_key])
+                .arg(&record::owner_prefix(&record::token_hex(token))[..])
+                .arg(tail)
+                .arg(ms(lifetimes.retention));
+            let (reply, acked) = self.eval(&call, true).await?;
+            if int_of(&reply) == Some(1) {
+                if let Some(e) = self.under_replicated("completion", acked) {
+                    return Err(e);
+                }
+                return Ok(true);
+            }
+        }
+        let keep = match holder {
+            Holder::Lock { keep } => keep,
+            Holder::Record => lifetimes.retention,
+        };
         let claim = token.to_hex();
         self.run_completion(&self.scripts.complete, key, claim, response, settled, keep)
             .await
@@ -339,7 +408,7 @@ impl RedisStore {
             let mut by_sha = true;
             loop {
                 let cmd = call.command(by_sha);
-                match send(&mut conn, cmd, call.keys[0], acks).await {
+                match send(&mut conn, &cmd, call.first_key, acks).await {
                     Err(e)
                         if by_sha && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
                     {
@@ -354,37 +423,18 @@ impl RedisStore {
         .await
     }
 
-    /// Runs `cmds` in one pipeline on the node of `key`'s slot (one round trip),
-    /// followed by `WAIT` when replica acks are on and `replicated`; returns their
-    /// replies and how many replicas confirmed them.
-    pub(crate) async fn query_all(
+    /// Runs one command on the node of `key`'s slot (one round trip), pipelined with
+    /// `WAIT` when replica acks are on and `replicated`; returns its reply and how
+    /// many replicas confirmed it.
+    pub(crate) async fn query_one(
         &self,
-        cmds: &[Cmd],
+        cmd: &Cmd,
         key: &str,
         replicated: bool,
-    ) -> Result<(Vec<Value>, Option<i64>), StoreError> {
+    ) -> Result<(Value, Option<i64>), StoreError> {
         let acks = self.acks.filter(|_| replicated);
-        let mut p = redis::pipe();
-        for c in cmds {
-            p.add_command(c.clone());
-        }
-        if let Some(a) = acks {
-            p.cmd("WAIT").arg(a.replicas).arg(ms(a.timeout));
-        }
         let mut conn = self.conn.clone();
-        let mut replies: Vec<Value> = self
-            .bounded(async {
-                let vals = conn.pipeline_on_key_master(p.ignore_errors(), key).await?;
-                vals.into_iter()
-                    .map(|v| v.extract_error())
-                    .collect::<RedisResult<Vec<Value>>>()
-            })
-            .await?;
-        let acked = acks.map(|_| replies.pop().as_ref().and_then(int_of).unwrap_or(0));
-        if replies.len() != cmds.len() {
-            return Err(bad_reply("a pipelined claim"));
-        }
-        Ok((replies, acked))
+        self.bounded(send(&mut conn, cmd, key, acks)).await
     }
 
     /// The error for an operation that fewer than the required replicas confirmed.
@@ -417,7 +467,7 @@ impl RedisStore {
 /// its reply and, with `acks`, how many replicas confirmed it.
 async fn send(
     conn: &mut Connection,
-    cmd: Cmd,
+    cmd: &Cmd,
     key: &str,
     acks: Option<ReplicaAcks>,
 ) -> RedisResult<(Value, Option<i64>)> {
@@ -425,7 +475,7 @@ async fn send(
         return cmd.query_async(conn).await.map(|v| (v, None));
     };
     let mut p = redis::pipe();
-    p.add_command(cmd)
+    p.add_command(cmd.clone())
         .cmd("WAIT")
         .arg(a.replicas)
         .arg(ms(a.timeout))
@@ -532,14 +582,8 @@ impl Store for RedisStore {
         response: &StoredResponse,
         settled: Option<&Settled>,
     ) -> Result<bool, StoreError> {
-        self.complete_for(
-            key,
-            token,
-            response,
-            settled,
-            self.lifetimes.of(&key.route).retention,
-        )
-        .await
+        self.complete_for(key, token, response, settled, Holder::Record)
+            .await
     }
 
     async fn complete_unowned(

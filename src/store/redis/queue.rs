@@ -202,9 +202,8 @@ impl QueueBackend for RedisQueue {
         Box::pin(async move {
             let queue = self.queue_key(route);
             let order = self.order_list(route, entry.order.as_deref());
-            let mut call = Call::new(&self.scripts.add, &[&queue])
-                .key(order.as_deref())
-                .arg(max_queue);
+            let mut call =
+                Call::with_last_key(&self.scripts.add, &[&queue], order.as_deref()).arg(max_queue);
             for (name, value) in entry.fields() {
                 call = call.arg(name).arg(value.as_ref());
             }
@@ -400,7 +399,9 @@ impl QueueBackend for RedisQueue {
             .of(&key.route)
             .retention
             .max(keep_for);
-        Box::pin(self.store.complete_for(key, token, response, None, keep))
+        // A worker holds the lock, never the record: straight to the full script.
+        let holder = super::Holder::Lock { keep };
+        Box::pin(self.store.complete_for(key, token, response, None, holder))
     }
 
     fn done<'a>(
@@ -412,8 +413,7 @@ impl QueueBackend for RedisQueue {
         Box::pin(async move {
             let queue = self.queue_key(route);
             let order = self.order_list(route, order);
-            let call = Call::new(&self.scripts.done, &[&queue])
-                .key(order.as_deref())
+            let call = Call::with_last_key(&self.scripts.done, &[&queue], order.as_deref())
                 .arg(GROUP)
                 .arg(id);
             self.script(call).await.map(|_| ())
@@ -431,10 +431,10 @@ impl QueueBackend for RedisQueue {
         Box::pin(async move {
             let (queue, dlq) = (self.queue_key(route), self.dlq_key(route));
             let order = self.order_list(route, entry.order.as_deref());
-            let mut call = Call::new(&self.scripts.dead, &[&queue, &dlq])
-                .key(order.as_deref())
-                .arg(GROUP)
-                .arg(id);
+            let mut call =
+                Call::with_last_key(&self.scripts.dead, &[&queue, &dlq], order.as_deref())
+                    .arg(GROUP)
+                    .arg(id);
             for (name, value) in entry.fields() {
                 call = call.arg(name).arg(value.as_ref());
             }
@@ -521,10 +521,10 @@ impl QueueBackend for RedisQueue {
             let mut order: Option<String> = None;
             for _ in 0..2 {
                 let list = self.order_list(route, order.as_deref());
-                let mut call = Call::new(&self.scripts.redrive, &[&queue, &dlq])
-                    .key(list.as_deref())
-                    .arg(dead_letter_id)
-                    .arg(unix_millis());
+                let mut call =
+                    Call::with_last_key(&self.scripts.redrive, &[&queue, &dlq], list.as_deref())
+                        .arg(dead_letter_id)
+                        .arg(unix_millis());
                 if let Some(o) = &order {
                     call = call.arg(o.as_str());
                 }

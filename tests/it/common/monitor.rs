@@ -63,16 +63,18 @@ impl Monitor {
     }
 }
 
-/// The commands the store's log writer sends (a plain claim's log entry: one pipeline
-/// per batch, a transaction per delivery, not awaited by the delivery;
+/// The commands the store's log writer sends (the recent index's members, copies'
+/// counts, kept requests: one pipeline per batch, not awaited by the delivery;
 /// `src/store/redis/log_writer.rs`).
-pub const LOG_WRITES: [&str; 8] = [
+pub const LOG_WRITES: [&str; 10] = [
     "MULTI",
     "EXEC",
     "HSET",
     "HSETNX",
     "HINCRBY",
+    "HEXISTS",
     "PEXPIRE",
+    "ZMSCORE",
     "ZADD",
     "ZREMRANGEBYRANK",
 ];

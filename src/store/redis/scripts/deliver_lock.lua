@@ -11,10 +11,10 @@
 -- A replay of a completed key whose lock is gone (`r`, record.rs) is completed too.
 local rec = redis.call('GET', KEYS[1])
 local tag = rec and string.sub(rec, 1, 1)
-if tag == 'c' or (tag == 'r' and redis.call('EXISTS', KEYS[2]) == 0) then
+if tag == 'c' or tag == 'C' or (tag == 'r' and redis.call('EXISTS', KEYS[2]) == 0) then
   return {'completed'}
 end
-if tag == 'p' then
+if tag == 'p' or tag == 'P' then
   return {'busy'}
 end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then

@@ -3,7 +3,7 @@
 -- KEYS[1] claim record, KEYS[2] lock, KEYS[3] log hash.
 -- Returns 'forgotten' | 'not_found' | 'in_flight'
 local rec = redis.call('GET', KEYS[1])
-if (rec and string.sub(rec, 1, 1) == 'p') or redis.call('EXISTS', KEYS[2]) == 1 then
+if (rec and string.upper(string.sub(rec, 1, 1)) == 'P') or redis.call('EXISTS', KEYS[2]) == 1 then
   return 'in_flight'
 end
 if redis.call('DEL', KEYS[1], KEYS[3]) > 0 then

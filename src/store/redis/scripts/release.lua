@@ -7,11 +7,18 @@
 -- under-replicated claim's plain release); a queue worker's dead-lettered key (`q`)
 -- is released, so a later copy is queued again.
 local rec = redis.call('GET', KEYS[1])
--- The log hash's `status` says `released` when the record goes, so neither a claim
--- reading the earlier layout's field (claim.rs) nor an earlier sidecar during a
--- rolling upgrade takes a stale `completed` or `queued` from it.
+-- The log hash's `status` says `released` when the record goes, so a sidecar of the
+-- previous release during a rolling upgrade (its claim reads that field when no
+-- record exists) takes no stale `completed` or `queued` from it.
 local status = 'released'
-if rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
+if rec and string.sub(rec, 1, 35) == 'P|' .. ARGV[1] .. '|' then
+  -- The record carried the claim's log fields (record.rs): the hash keeps them now.
+  redis.call('DEL', KEYS[1])
+  redis.call('HSETNX', KEYS[3], 'fp', string.sub(rec, 36))
+  redis.call('HSETNX', KEYS[3], 'first_seen',
+    string.format('%.0f', tonumber(string.sub(rec, 3, 18), 16)))
+  redis.call('HINCRBY', KEYS[3], 'attempts', 1)
+elseif rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
   redis.call('DEL', KEYS[1])
 elseif redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])

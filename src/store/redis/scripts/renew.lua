@@ -6,7 +6,8 @@
 -- log hash are kept alive at least as long: a call that outlives `retention` still
 -- completes (or releases) into its own record.
 local rec = redis.call('GET', KEYS[1])
-if rec and string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
+local owner = rec and string.sub(rec, 1, 35)
+if owner == 'P|' .. ARGV[1] .. '|' or owner == 'p|' .. ARGV[1] .. '|' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 elseif redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])

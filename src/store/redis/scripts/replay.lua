@@ -15,7 +15,7 @@
 local rec = redis.call('GET', KEYS[1])
 local tag = rec and string.sub(rec, 1, 1)
 local function fp_of(r)
-  if string.sub(r, 1, 1) == 'p' then
+  if string.upper(string.sub(r, 1, 1)) == 'P' then
     return string.sub(r, 36)
   end
   return string.match(r, '^.|([^|]*)')
@@ -23,9 +23,9 @@ end
 if rec and fp_of(rec) ~= '' and fp_of(rec) ~= ARGV[3] then
   return {'mismatch'}
 end
-if tag == 'p' then
+if tag == 'p' or tag == 'P' then
   -- A retried claim (its first reply lost) finds its own token: it owns the key.
-  if string.sub(rec, 1, 35) == 'p|' .. ARGV[1] .. '|' then
+  if string.sub(rec, 3, 35) == ARGV[1] .. '|' then
     return {'claimed'}
   end
   return {'in_flight', redis.call('PTTL', KEYS[1])}
@@ -33,14 +33,27 @@ end
 if tag == 'q' then
   return {'queued'}
 end
-if tag == 'c' or tag == 'r' then
+if tag == 'c' or tag == 'r' or tag == 'C' then
   if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if redis.call('GET', KEYS[2]) == ARGV[1] then
       return {'claimed'}
     end
     return {'in_flight', redis.call('PTTL', KEYS[2])}
   end
-  if tag == 'c' then
+  if tag == 'C' then
+    -- The record's log fields (record.rs) move into the hash, with the claim's
+    -- attempt; the record becomes `r` of the earlier layout, the same answer.
+    local fp, first, last, outcome, up, latency, at = string.match(rec,
+      '^C|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|()')
+    local answer = string.sub(rec, at)
+    redis.call('HSETNX', KEYS[3], 'first_seen', first)
+    redis.call('HSET', KEYS[3], 'last_seen', last, 'resp_status', string.match(answer, '^[^|]*'))
+    if outcome ~= '' then
+      redis.call('HSET', KEYS[3], 'outcome', outcome, 'up_status', up, 'latency_ms', latency)
+    end
+    redis.call('HINCRBY', KEYS[3], 'attempts', 1)
+    redis.call('SET', KEYS[1], 'r|' .. fp .. '|' .. answer)
+  elseif tag == 'c' then
     redis.call('SETRANGE', KEYS[1], 0, 'r')
   end
   -- The old answer is kept for a whole retention from the replay (and at least the
@@ -48,27 +61,16 @@ if tag == 'c' or tag == 'r' then
   -- key about to expire is not left to lapse right after a failed replay.
   redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
 else
-  -- No record: released, or a key of the earlier layout (state in the log hash's
-  -- `status`, its claim in the lock; claim.rs): a completed one is replayed as above.
-  local old = redis.call('HMGET', KEYS[3], 'fp', 'status', 'resp_status', 'resp_headers',
-    'resp_body', 'restore')
-  if old[1] ~= ARGV[3] then
+  -- No record: released (the hash holds the fingerprint the release moved there) or
+  -- gone. A released key is re-claimed as a first delivery, in the earlier layout
+  -- (`p`): this attempt is counted in the hash below.
+  if redis.call('HGET', KEYS[3], 'fp') ~= ARGV[3] then
     return {'mismatch'}
   end
-  if old[2] == 'queued' then
-    return {'queued'}
-  end
-  if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('EXISTS', KEYS[2]) == 1 then
     return {'in_flight', redis.call('PTTL', KEYS[2])}
   end
-  if old[3] and (old[2] == 'completed' or (old[2] == 'processing' and old[6] == '1')) then
-    local h = old[4] or ''
-    redis.call('SET', KEYS[1], 'r|' .. ARGV[3] .. '|' .. old[3] .. '|' .. #h .. '|' .. h
-      .. (old[5] or ''), 'PX', math.max(tonumber(ARGV[5]), tonumber(ARGV[2])))
-  else
-    redis.call('DEL', KEYS[2])
-    redis.call('SET', KEYS[1], 'p|' .. ARGV[1] .. '|' .. ARGV[3], 'PX', ARGV[2])
-  end
+  redis.call('SET', KEYS[1], 'p|' .. ARGV[1] .. '|' .. ARGV[3], 'PX', ARGV[2])
 end
 local f = {'fp', ARGV[3], 'last_seen', ARGV[4]}
 if ARGV[6] then
