@@ -76,9 +76,9 @@ impl RedisStore {
             .arg(ms(self.lifetimes.of(&key.route).lease))
             .arg("GET");
         let (reply, acked) = self.query_one(&set, &record_key, true).await?;
-        let found = match reply {
+        let found = match &reply {
             Value::Nil => Found::Absent,
-            v => bytes_of(&v)
+            v => bytes_of(v)
                 .and_then(record::parse)
                 .ok_or_else(|| bad_reply("claim"))?,
         };
@@ -102,8 +102,8 @@ impl RedisStore {
             Found::Processing { .. } => return self.in_flight(&record_key).await,
             Found::Queued { .. } => Claim::Queued,
             Found::Completed { response, .. } => {
-                let raw = replies.first().and_then(bytes_of);
-                self.confirm_completed(&keys.record, raw).await?;
+                self.confirm_completed(&record_key, bytes_of(&reply))
+                    .await?;
                 Claim::Completed(response)
             }
             Found::Replaying { response, .. } => {
@@ -112,8 +112,8 @@ impl RedisStore {
                 if remaining > 0 {
                     return Ok(in_flight(remaining));
                 }
-                let raw = replies.first().and_then(bytes_of);
-                self.confirm_completed(&keys.record, raw).await?;
+                self.confirm_completed(&record_key, bytes_of(&reply))
+                    .await?;
                 Claim::Completed(response)
             }
         };
