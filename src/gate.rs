@@ -6,13 +6,12 @@
 //! plain functions; the I/O parts (store, upstream) are thin calls around them.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::HeaderValue;
 use http::{Request, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 
 use crate::config::{Config, OnStoreError};
 use crate::metrics::{Metrics, Outcome, RouteKind, RouteMetrics, StoreOp};
@@ -21,6 +20,8 @@ use crate::store::{DeliveryKey, RouteLifetimes, Store, StoreError, StoredRespons
 use crate::trace::{self, Kind, Record, Tracer};
 use crate::upstream::{Outgoing, Upstream};
 
+/// Reading a delivery's body under `max_body` and `body_timeout`.
+mod body;
 /// The answer table as a pure function.
 mod decide;
 /// The routes and limits in force, swapped whole by a live reload.
@@ -32,6 +33,7 @@ mod unclaimed;
 /// Recording a 2xx's completion, and the answer when the store does not hold it.
 mod unconfirmed;
 
+use body::{BodyError, BodyLimits, read_body};
 pub use decide::{Step, decide};
 pub use live::{Live, Settings};
 pub use scopes::ScopeBound;
@@ -99,56 +101,6 @@ fn unix_now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
-}
-
-/// `max_body` and `body_timeout` as in force when the delivery started.
-#[derive(Clone, Copy)]
-struct BodyLimits {
-    max_body: usize,
-    body_timeout: Duration,
-}
-
-/// Reads the body under `max_body` and `body_timeout`, refusing an announced oversize
-/// at once.
-async fn read_body<B>(
-    limits: BodyLimits,
-    headers: &http::HeaderMap,
-    body: B,
-) -> Result<Bytes, BodyError>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    if let Some(len) = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        && len > limits.max_body as u64
-    {
-        return Err(BodyError::TooLarge);
-    }
-    let read = Limited::new(body, limits.max_body).collect();
-    let Ok(read) = tokio::time::timeout(limits.body_timeout, read).await else {
-        return Err(BodyError::Slow);
-    };
-    match read {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(BodyError::TooLarge)
-        }
-        Err(_) => Err(BodyError::Broken),
-    }
-}
-
-/// Why reading a body stopped.
-enum BodyError {
-    TooLarge,
-    Broken,
-    /// Not all of it arrived within `body_timeout`.
-    Slow,
 }
 
 impl<S: Store> Gate<S> {

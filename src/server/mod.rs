@@ -21,7 +21,6 @@
 //! one whose head is not gets `503` and is closed, so no client that holds probe
 //! connections can keep the kubelet's probe from its answer.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,17 +29,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio_util::task::TaskTracker;
+use tokio::sync::{Semaphore, watch};
 
+mod admin;
 mod runtimes;
 mod webhooks;
 
+use admin::{AdminSettings, PROBE_HEAD_TIMEOUT, serve_admin};
 pub use runtimes::StoreFactory;
 use runtimes::{Plan, Runtimes};
 use webhooks::Shared;
@@ -59,20 +57,6 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Concurrent HTTP/2 streams per connection (hyper's default is not bounded as tightly).
 const MAX_H2_STREAMS: u32 = 128;
 
-/// Admin connections open at once that have not yet sent their first request line
-/// (each for at most `header_timeout`).
-const MAX_ADMIN_PENDING: usize = 64;
-/// Admin connections open at once whose first request was a probe's (`probes::is_probe`).
-const MAX_PROBE_CONNECTIONS: usize = 32;
-/// How long a probe's connection may take to send its whole request head, once its
-/// request line came (at most `header_timeout`): the kubelet sends it in one write.
-const PROBE_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
-/// How much of a probe's head is looked at to see whether it is all in (a kubelet's
-/// or Prometheus's is a few hundred bytes).
-const PROBE_HEAD_PEEK: usize = 2048;
-/// Admin connections open at once for anything else: the console, HTTP/2 and unknowns.
-const MAX_CONSOLE_CONNECTIONS: usize = 32;
-/// Concurrent HTTP/2 streams per admin connection (the console is one operator's).
 const MAX_ADMIN_H2_STREAMS: u32 = 8;
 /// A connection on either listener is closed gracefully at this age.
 const MAX_CONNECTION_AGE: Duration = Duration::from_secs(600);
@@ -417,144 +401,10 @@ struct More<S> {
     store: StoreFactory<S>,
 }
 
-/// How the admin listener serves its connections.
-struct AdminSettings {
-    builder: auto::Builder<TokioExecutor>,
-    /// A probe's connection: one request, a short head timeout.
-    probe_builder: auto::Builder<TokioExecutor>,
-    lifetime: Lifetime,
-    header_timeout: Duration,
-}
-
-/// Accepts on the admin listener (probes, metrics, the console) until the stop
-/// signal; the connections open then are served on through the drain, as before.
-async fn serve_admin<S: Store>(
-    admin: TcpListener,
-    app: Arc<App<S>>,
-    settings: AdminSettings,
-    mut stopping: watch::Receiver<bool>,
-) {
-    let AdminSettings {
-        builder,
-        probe_builder,
-        lifetime,
-        header_timeout,
-    } = settings;
-    let admin_slots = AdminSlots::new();
-    let admin_conns = TaskTracker::new();
-    loop {
-        tokio::select! {
-            accepted = admin.accept() => {
-                let Some((stream, peer)) = accepted_stream(accepted).await else { continue };
-                let Ok(pending) = admin_slots.pending.clone().try_acquire_owned() else {
-                    drop(stream);
-                    continue;
-                };
-                let app = app.clone();
-                let builders = (builder.clone(), probe_builder.clone());
-                let slots = admin_slots.clone();
-                // Probes and metrics are served through shutdown's drain, as before.
-                admin_conns.spawn(async move {
-                    if !first_bytes(&stream, header_timeout).await {
-                        return;
-                    }
-                    let slot = slots.classify(&stream).await;
-                    let builder = match &slot {
-                        AdminSlot::Console { .. } => builders.0,
-                        AdminSlot::Probe { .. } | AdminSlot::ProbeOverflow { .. } => builders.1,
-                        AdminSlot::Refused => {
-                            tracing::debug!("admin connections full for its kind: one closed");
-                            return;
-                        }
-                    };
-                    // An overflowing probe is answered on the pending slot it holds;
-                    // one whose head was not in gets 503 (the pool is full).
-                    let refuse = matches!(slot, AdminSlot::ProbeOverflow { head_in: false });
-                    let overflow = matches!(slot, AdminSlot::ProbeOverflow { .. });
-                    let _pending = overflow.then_some(pending);
-                    let svc = service_fn(move |mut req: http::Request<Incoming>| {
-                        req.extensions_mut().insert(crate::web::ClientIp(peer.ip()));
-                        let app = app.clone();
-                        async move {
-                            Ok::<_, Infallible>(if refuse {
-                                crate::probes::probes_full()
-                            } else {
-                                app.admin(req).await
-                            })
-                        }
-                    });
-                    let stop = std::future::pending::<()>();
-                    crate::conn::serve(&builder, TokioIo::new(stream), svc, lifetime, stop).await;
-                });
-            }
-            () = stopped(&mut stopping) => break,
-        }
-    }
-}
-
 /// Resolves once the stop signal is given, or its sender is gone (a sidecar dropped
 /// before it served).
 async fn stopped(stopping: &mut watch::Receiver<bool>) {
     let _ = stopping.wait_for(|s| *s).await;
-}
-
-/// The admin listener's connection slots: one kind cannot take the other's.
-#[derive(Clone)]
-struct AdminSlots {
-    pending: Arc<Semaphore>,
-    probes: Arc<Semaphore>,
-    console: Arc<Semaphore>,
-}
-
-/// What a connection that sent its first bytes gets on the admin listener.
-enum AdminSlot {
-    /// Held while the connection lives.
-    Console {
-        _slot: OwnedSemaphorePermit,
-    },
-    Probe {
-        _slot: OwnedSemaphorePermit,
-    },
-    /// A probe while the probes' slots are all taken: answered all the same (on its
-    /// pending slot) when its whole head is in, else answered 503.
-    ProbeOverflow {
-        head_in: bool,
-    },
-    /// The console's slots are all taken, or the connection failed: closed.
-    Refused,
-}
-
-impl AdminSlots {
-    fn new() -> AdminSlots {
-        AdminSlots {
-            pending: Arc::new(Semaphore::new(MAX_ADMIN_PENDING)),
-            probes: Arc::new(Semaphore::new(MAX_PROBE_CONNECTIONS)),
-            console: Arc::new(Semaphore::new(MAX_CONSOLE_CONNECTIONS)),
-        }
-    }
-
-    /// The slot for a connection that has sent its first bytes, by what its first
-    /// request is (HTTP/2 and anything but a probe count as the console's).
-    async fn classify(&self, stream: &TcpStream) -> AdminSlot {
-        let mut head = [0u8; PROBE_HEAD_PEEK];
-        // What `first_bytes` saw is still there: this does not wait.
-        let Ok(n) = stream.peek(&mut head).await else {
-            return AdminSlot::Refused;
-        };
-        let head = &head[..n];
-        if !crate::probes::is_probe(head) {
-            return match self.console.clone().try_acquire_owned() {
-                Ok(_slot) => AdminSlot::Console { _slot },
-                Err(_) => AdminSlot::Refused,
-            };
-        }
-        match self.probes.clone().try_acquire_owned() {
-            Ok(_slot) => AdminSlot::Probe { _slot },
-            Err(_) => AdminSlot::ProbeOverflow {
-                head_in: head.windows(4).any(|w| w == b"\r\n\r\n"),
-            },
-        }
-    }
 }
 
 async fn accepted_stream(
@@ -643,6 +493,7 @@ pub async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    use super::admin::{AdminSlot, AdminSlots};
     use super::*;
 
     /// A connection on which `sent` was written, as the admin listener accepts it.
