@@ -64,7 +64,7 @@ fn a_rotated_secret_is_logged_by_index_and_an_identical_file_is_no_change() {
 fn listeners_store_tracing_and_lifetimes_need_a_restart_admin_tokens_do_not() {
     let old = config(&route("a", &[S1], ""));
     let new = config(
-        &("listen = \"127.0.0.1:1\"\nworker_threads = 2\nadmin_token = \"ops=ops-token-abcdefghijklmnop\"\n\
+        &("listen = \"127.0.0.1:1\"\nworker_threads = 7\nadmin_token = \"ops=ops-token-abcdefghijklmnop\"\n\
            [store]\nurl = \"redis://127.0.0.1:1\"\n[dedup]\nretention = \"2h\"\n"
             .to_string()
             + &route("a", &[S1], "lease = \"9s\"")),
