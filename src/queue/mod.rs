@@ -106,6 +106,8 @@ struct AsyncRouteState {
     /// Where the order value is read from (`order_key`); `None`: unordered.
     order: Option<KeySource>,
     pace: pace::Pace,
+    /// Delivered entries the worker's next batch read acknowledges.
+    acks: worker::Acks,
 }
 
 /// Async mode for every async route of one sidecar: see the module documentation.
@@ -149,6 +151,7 @@ impl AsyncMode {
                         config.upstream_timeout,
                         config.store.timeout,
                     ),
+                    acks: worker::Acks::default(),
                 }),
             );
         }

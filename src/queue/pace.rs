@@ -6,7 +6,7 @@
 //! `Retry-After` holds the whole route (on every sidecar sharing the store).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -27,6 +27,10 @@ const ORDER_POLL: Duration = Duration::from_millis(50);
 /// key's lock, and a renewal that stalls the call's timeout), so it outlives every
 /// call its holder makes; a dead sidecar's slot frees then.
 const SLOT_SLACK: Duration = Duration::from_secs(5);
+
+/// How long a batch read's "the route is open" stands for the first attempts of the
+/// entries it read (they start at once; this only bounds a stalled task's).
+const READ_ADMITS: Duration = Duration::from_millis(50);
 
 /// A started attempt's hold on the route: its concurrency slot, and the sidecar-local
 /// permit that keeps a sidecar's waiters from asking the store all at once.
@@ -92,11 +96,15 @@ impl AsyncMode {
         let route: &str = &state.route.name;
         let cfg = state.cfg.load();
         let t = &cfg.throttle;
-        let slot = format!(
-            "{}:{}",
-            self.consumer,
-            crate::store::Token::random().to_hex()
-        );
+        // The slot's name matters only where there are slots to take.
+        let slot = match t.max_concurrency {
+            Some(_) => format!(
+                "{}:{}",
+                self.consumer,
+                crate::store::Token::random().to_hex()
+            ),
+            None => String::new(),
+        };
         let ask = Ask {
             slot: &slot,
             order,
@@ -141,6 +149,24 @@ impl AsyncMode {
                 return None;
             }
         }
+    }
+
+    /// The admission a batch read gave (`QueueBackend::read_batch`): the route was open
+    /// at `open_at`, at most `READ_ADMITS` ago, and this entry needs nothing else (no
+    /// slot, no token, no order). `None`: the attempt asks `admitted`.
+    pub(super) fn admitted_by_read(
+        &self,
+        state: &AsyncRouteState,
+        order: Option<(&str, &str)>,
+        open_at: Option<Instant>,
+    ) -> Option<Admitted> {
+        let cfg = state.cfg.load();
+        let t = &cfg.throttle;
+        let unpaced = t.max_concurrency.is_none() && t.rate.is_none() && order.is_none();
+        (unpaced && open_at?.elapsed() < READ_ADMITS).then(|| Admitted {
+            slot: String::new(),
+            _local: None,
+        })
     }
 
     /// Gives an attempt's concurrency slot back (its local permit goes with it).

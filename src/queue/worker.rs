@@ -21,6 +21,69 @@ const IN_HAND: usize = 32;
 /// How often an idle worker looks for new entries.
 const POLL: Duration = Duration::from_millis(50);
 
+/// At most this many acknowledgements go in one batch read.
+const ACK_BATCH: usize = 256;
+
+/// Delivered unordered entries waiting for the worker's next batch read, which
+/// acknowledges them in the same script that reads new ones (`read_batch`): one
+/// script per batch instead of one per entry. An entry acknowledged a little later
+/// is only pending a little longer (were the sidecar to die first, it is taken over
+/// after `claim_idle` and found completed).
+#[derive(Default)]
+pub(super) struct Acks {
+    waiting: Mutex<AcksWaiting>,
+    /// Wakes an idle worker's loop to send them.
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct AcksWaiting {
+    ids: Vec<String>,
+    /// The worker's loop ended: entries are acknowledged one by one again.
+    closed: bool,
+}
+
+impl Acks {
+    /// Leaves `id` for the next batch read; false once the loop ended.
+    fn offer(&self, id: &str) -> bool {
+        let Ok(mut w) = self.waiting.lock() else {
+            return false;
+        };
+        if w.closed {
+            return false;
+        }
+        w.ids.push(id.to_string());
+        drop(w);
+        self.ready.notify_one();
+        true
+    }
+
+    /// Up to `ACK_BATCH` waiting acknowledgements, for a batch read.
+    fn take(&self) -> Vec<String> {
+        let Ok(mut w) = self.waiting.lock() else {
+            return Vec::new();
+        };
+        let n = w.ids.len().min(ACK_BATCH);
+        w.ids.drain(..n).collect()
+    }
+
+    /// Puts back the acknowledgements of a batch read that failed.
+    fn put_back(&self, ids: Vec<String>) {
+        if let Ok(mut w) = self.waiting.lock() {
+            w.ids.extend(ids);
+        }
+    }
+
+    /// Ends batching: every waiting acknowledgement, for the last batch.
+    fn close(&self) -> Vec<String> {
+        let Ok(mut w) = self.waiting.lock() else {
+            return Vec::new();
+        };
+        w.closed = true;
+        std::mem::take(&mut w.ids)
+    }
+}
+
 /// One attempt's hold on a queued delivery: the entry and the key's claim it works under.
 #[derive(Clone, Copy)]
 struct Held<'a> {
@@ -65,7 +128,8 @@ impl AsyncMode {
     }
 
     /// One route's worker: takes entries (taken-over ones first, then new ones) while
-    /// it has room, and delivers each in its own task.
+    /// it has room, and delivers each in its own task. When it stops, it sends the
+    /// acknowledgements still waiting for a batch.
     pub(super) async fn work(self: Arc<Self>, state: Arc<AsyncRouteState>) {
         let route: &str = &state.route.name;
         while let Err(e) = self.backend.ensure_group(route).await {
@@ -78,6 +142,32 @@ impl AsyncMode {
         let in_hand: Arc<Mutex<HashSet<String>>> = Arc::default();
         self.tasks
             .spawn(self.clone().keep_alive(state.clone(), in_hand.clone()));
+        self.clone().take_entries(&state, in_hand).await;
+        let last = state.acks.close();
+        for chunk in last.chunks(ACK_BATCH) {
+            for _ in 0..3 {
+                match self
+                    .backend
+                    .read_batch(route, &self.consumer, chunk, 0)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(route, error = %e, "acknowledging queue entries failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The worker's loop (`work`), until the sidecar stops.
+    async fn take_entries(
+        self: Arc<Self>,
+        state: &Arc<AsyncRouteState>,
+        in_hand: Arc<Mutex<HashSet<String>>>,
+    ) {
+        let route: &str = &state.route.name;
         let room = Arc::new(Semaphore::new(IN_HAND));
         let mut last_takeover: Option<Instant> = None;
         let every = self.claim_idle / 2;
@@ -125,14 +215,31 @@ impl AsyncMode {
                     Err(e) => failed = Some(e),
                 }
             }
-            if read.is_empty() && failed.is_none() && permits[0].is_some() {
+            // One script: the waiting acknowledgements, new entries while there is
+            // room, and whether the route is open (their first attempts need no
+            // admission of their own when the route is unpaced).
+            let want = if read.is_empty() && failed.is_none() && permits[0].is_some() {
+                permits.len()
+            } else {
+                0
+            };
+            let acks = state.acks.take();
+            let mut open_at = None;
+            if want > 0 || !acks.is_empty() {
+                let asked = Instant::now();
                 match self
                     .backend
-                    .read_new(route, &self.consumer, permits.len())
+                    .read_batch(route, &self.consumer, &acks, want)
                     .await
                 {
-                    Ok(r) => read = r,
-                    Err(e) => failed = Some(e),
+                    Ok(b) => {
+                        read.extend(b.reads);
+                        open_at = b.open.then_some(asked);
+                    }
+                    Err(e) => {
+                        state.acks.put_back(acks);
+                        failed.get_or_insert(e);
+                    }
                 }
             }
             if let Some(e) = failed {
@@ -148,6 +255,7 @@ impl AsyncMode {
                 tokio::select! {
                     _ = self.stop.cancelled() => return,
                     _ = tokio::time::sleep(POLL) => {}
+                    _ = state.acks.ready.notified() => {}
                 }
                 continue;
             }
@@ -161,7 +269,7 @@ impl AsyncMode {
                 let in_hand = in_hand.clone();
                 self.tasks.spawn(async move {
                     match entry {
-                        Some(entry) => this.deliver(&state, &id, entry).await,
+                        Some(entry) => this.deliver(&state, &id, entry, open_at).await,
                         None => {
                             tracing::error!(
                                 route = &*state.route.name,
@@ -221,7 +329,14 @@ impl AsyncMode {
     /// Delivers one entry: attempts until the upstream completes it, or it is dead.
     /// Each attempt first waits for the route's pacing (`pace.rs`), then takes the
     /// key's claim.
-    async fn deliver(&self, state: &AsyncRouteState, id: &str, entry: QueueEntry) {
+    /// `open_at`: when a batch read found the route open (`pace.rs`, `admitted_by_read`).
+    async fn deliver(
+        &self,
+        state: &AsyncRouteState,
+        id: &str,
+        entry: QueueEntry,
+        mut open_at: Option<Instant>,
+    ) {
         let route: &str = &state.route.name;
         let key = DeliveryKey::new(state.route.name.clone(), entry.key.clone());
         let order = entry.order.as_deref();
@@ -233,14 +348,19 @@ impl AsyncMode {
             // Each attempt under the route's settings in force (a reload may change them).
             let cfg = state.cfg.load_full();
             let ordered = state.order.as_ref().and(order).map(|o| (o, id));
-            let Some(admitted) = self.admitted(state, ordered).await else {
-                return;
+            let by_read = self.admitted_by_read(state, ordered, open_at.take());
+            let admitted = match by_read {
+                Some(a) => a,
+                None => match self.admitted(state, ordered).await {
+                    Some(a) => a,
+                    None => return,
+                },
             };
             let (token, attempt) = match self.backend.lock(&key, id, cfg.max_age).await {
                 Ok(Lock::Claimed { token, attempt }) => (token, attempt),
                 Ok(Lock::Completed) => {
                     self.leave(state, admitted).await;
-                    self.finish(route, id, order).await;
+                    self.finish(state, id, order).await;
                     return;
                 }
                 Ok(Lock::Busy) => {
@@ -343,7 +463,7 @@ impl AsyncMode {
                         );
                         return;
                     }
-                    self.finish(route, id, order).await;
+                    self.finish(state, id, order).await;
                     tracing::info!(
                         route,
                         key = key.logged(),
@@ -475,9 +595,15 @@ impl AsyncMode {
         Some(span)
     }
 
-    /// Acknowledges a delivered entry, retrying briefly (an unacknowledged one would be
-    /// taken over and found completed: harmless, but slower).
-    async fn finish(&self, route: &str, id: &str, order: Option<&str>) {
+    /// Acknowledges a delivered entry: an unordered one in the worker's next batch read
+    /// (`Acks`), an ordered one (whose next entry waits for it) at once, retrying
+    /// briefly (an unacknowledged one would be taken over and found completed:
+    /// harmless, but slower).
+    async fn finish(&self, state: &AsyncRouteState, id: &str, order: Option<&str>) {
+        if order.is_none() && state.acks.offer(id) {
+            return;
+        }
+        let route: &str = &state.route.name;
         for _ in 0..3 {
             match self.backend.done(route, id, order).await {
                 Ok(()) => return,

@@ -113,6 +113,16 @@ pub struct QueueStats {
 /// A queue entry as read: its ID and the entry (`None`: malformed fields).
 pub type Read = (String, Option<QueueEntry>);
 
+/// What a worker's batch read (`QueueBackend::read_batch`) returns.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// The entries read, now held by the consumer.
+    pub reads: Vec<Read>,
+    /// Whether the route was open (neither paused nor held) at the read: the first
+    /// attempt of an unthrottled, unordered entry read here needs no admission of its own.
+    pub open: bool,
+}
+
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// The queue and the key transitions async mode needs; one round trip per method. The
@@ -200,6 +210,34 @@ pub trait QueueBackend:
         id: &'a str,
         order: Option<&'a str>,
     ) -> StoreFuture<'a, ()>;
+    /// A worker's batch: acknowledges (and deletes) the delivered unordered entries
+    /// `done`, reads up to `count` new entries as `read_new` does (none when 0), and
+    /// tells whether the route is open (`Batch`). One round trip on Redis, where the
+    /// worker makes one per batch instead of an acknowledgement and an admission per
+    /// entry; here, the same from the other methods.
+    fn read_batch<'a>(
+        &'a self,
+        route: &'a str,
+        consumer: &'a str,
+        done: &'a [String],
+        count: usize,
+    ) -> StoreFuture<'a, Batch> {
+        Box::pin(async move {
+            for id in done {
+                self.done(route, id, None).await?;
+            }
+            let reads = if count > 0 {
+                self.read_new(route, consumer, count).await?
+            } else {
+                Vec::new()
+            };
+            let state = self.route_state(route).await?;
+            Ok(Batch {
+                reads,
+                open: !state.paused && state.held_for.is_none(),
+            })
+        })
+    }
     /// Moves an exhausted entry to the dead-letter stream, atomically.
     fn dead_letter<'a>(
         &'a self,

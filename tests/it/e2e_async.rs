@@ -568,3 +568,41 @@ async fn a_copy_after_retention_is_not_queued_again_on_redis() {
 async fn a_copy_after_retention_is_not_queued_again_on_the_memory_store() {
     a_copy_after_retention_is_not_queued_again("memory", None).await;
 }
+
+/// How often Redis ran `command` (scripts' commands included).
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An unpaced, unordered route's entries start on the admission of the batch read
+/// that took them (it saw the route open) and are acknowledged by later batch reads:
+/// every delivery arrives once and the queue empties, with no pacing admission per
+/// entry (each runs `TIME`; the once-a-second sampler's route state runs one too).
+#[tokio::test]
+async fn an_unpaced_routes_entries_need_no_admission_of_their_own() {
+    let redis = RedisServer::start_new();
+    let up = Upstream::start().await;
+    let sc = sidecar(&up.url(), &redis, "", "").start().await;
+    assert_eq!(sc.send(&Delivery::fresh()).await.status, 200);
+    up.wait_for_count(1, 10 * SEC).await;
+    let (times, started) = (calls(&redis, "time"), std::time::Instant::now());
+    let n = 20;
+    for _ in 0..n {
+        assert_eq!(sc.send(&Delivery::fresh()).await.status, 200);
+    }
+    up.wait_for_count(n + 1, 10 * SEC).await;
+    wait_until(10 * SEC, "the queue to empty", || queue_len(&redis) == 0).await;
+    let sampled = started.elapsed().as_secs() + 2;
+    let ran = calls(&redis, "time") - times;
+    assert!(
+        ran <= sampled,
+        "{ran} TIME calls for {n} deliveries in {sampled} s: an admission per entry"
+    );
+    assert_eq!(up.count(), n + 1, "each delivered once");
+}

@@ -375,6 +375,46 @@ async fn a_job_created_twice_under_one_id_is_one_job<Q: QueueBackend>(q: Q) {
     assert_eq!(list, [first]);
 }
 
+/// A worker's batch read acknowledges (and deletes) the entries it names, reads new
+/// ones (none when asked for none), and tells whether the route is open: not while
+/// paused, not while held.
+async fn a_batch_read_acknowledges_reads_and_tells_if_open<Q: QueueBackend>(q: Q) {
+    q.ensure_group(ROUTE).await.unwrap();
+    for k in ["a", "b", "c"] {
+        q.enqueue(ROUTE, &entry(k, None), 100)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let first = q.read_batch(ROUTE, "w", &[], 2).await.unwrap();
+    assert!(first.open, "a route nobody paused or held is open");
+    let ids: Vec<String> = first.reads.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(q.stats(ROUTE).await.unwrap().depth, 3);
+    q.set_paused(ROUTE, true).await.unwrap();
+    let second = q.read_batch(ROUTE, "w", &ids, 5).await.unwrap();
+    assert!(!second.open, "paused");
+    assert_eq!(second.reads.len(), 1, "only the entry nobody read");
+    assert_eq!(second.reads[0].1.as_ref().unwrap().key, "c");
+    let stats = q.stats(ROUTE).await.unwrap();
+    assert_eq!(
+        (stats.depth, stats.pending),
+        (1, 1),
+        "the two named are gone"
+    );
+    q.set_paused(ROUTE, false).await.unwrap();
+    assert!(q.read_batch(ROUTE, "w", &[], 0).await.unwrap().open);
+    q.enqueue(ROUTE, &entry("d", None), 100)
+        .await
+        .unwrap()
+        .unwrap();
+    q.hold(ROUTE, Duration::from_secs(60)).await.unwrap();
+    let held = q.read_batch(ROUTE, "w", &[], 0).await.unwrap();
+    assert!(!held.open, "held");
+    assert!(held.reads.is_empty(), "asked for none");
+    assert_eq!(q.stats(ROUTE).await.unwrap().pending, 1);
+}
+
 /// An attempt given back with a refund is not counted: the next lock is the same
 /// attempt number.
 async fn a_refunded_attempt_is_not_counted<Q: QueueBackend>(q: Q) {
@@ -446,6 +486,7 @@ conformance!(
     old_jobs_leave_the_listing,
     a_job_created_twice_under_one_id_is_one_job,
     a_refunded_attempt_is_not_counted,
+    a_batch_read_acknowledges_reads_and_tells_if_open,
 );
 
 /// Two handles on one Redis stand for two sidecars: a pause, a hold and the slots of

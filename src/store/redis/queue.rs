@@ -18,7 +18,7 @@ use redis::Value;
 
 use super::{Call, ScriptDef, bytes_of, int_of, ms};
 use crate::store::queue::{
-    DeadLetter, DeadLetterPage, GROUP, Lock, QueueBackend, QueueEntry, QueueStats, Read,
+    Batch, DeadLetter, DeadLetterPage, GROUP, Lock, QueueBackend, QueueEntry, QueueStats, Read,
     StoreFuture,
 };
 use crate::store::{
@@ -34,6 +34,7 @@ pub(super) struct Scripts {
     dead: ScriptDef,
     redrive: ScriptDef,
     keep: ScriptDef,
+    read: ScriptDef,
     pub(super) admit: ScriptDef,
     pub(super) hold: ScriptDef,
     pub(super) state: ScriptDef,
@@ -63,6 +64,7 @@ impl RedisQueue {
                 dead: ScriptDef::new(include_str!("scripts/queue_dead.lua")),
                 redrive: ScriptDef::new(include_str!("scripts/queue_redrive.lua")),
                 keep: ScriptDef::new(include_str!("scripts/queue_keep.lua")),
+                read: ScriptDef::new(include_str!("scripts/queue_read.lua")),
                 admit: ScriptDef::new(include_str!("scripts/pacing_admit.lua")),
                 hold: ScriptDef::new(include_str!("scripts/pacing_hold.lua")),
                 state: ScriptDef::new(include_str!("scripts/pacing_state.lua")),
@@ -417,6 +419,31 @@ impl QueueBackend for RedisQueue {
                 .arg(GROUP)
                 .arg(id);
             self.script(call).await.map(|_| ())
+        })
+    }
+
+    fn read_batch<'a>(
+        &'a self,
+        route: &'a str,
+        consumer: &'a str,
+        done: &'a [String],
+        count: usize,
+    ) -> StoreFuture<'a, Batch> {
+        Box::pin(async move {
+            let (queue, pace) = (self.queue_key(route), self.pace_key(route));
+            let mut call = Call::new(&self.scripts.read, &[&queue, &pace])
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(count);
+            for id in done {
+                call = call.arg(id.as_str());
+            }
+            let reply = self.script(call).await?;
+            let parts = items(&reply);
+            Ok(Batch {
+                open: parts.first().and_then(int_of) == Some(1),
+                reads: parse_read_group(parts.get(1).unwrap_or(&Value::Nil)),
+            })
         })
     }
 

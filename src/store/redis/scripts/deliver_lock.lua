@@ -29,16 +29,18 @@ if not rec then
 elseif tag == 'q' then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
-redis.call('HSET', KEYS[3], 'last_seen', ARGV[3])
 redis.call('HSETNX', KEYS[3], 'first_seen', ARGV[3])
 local field = 'attempts:' .. ARGV[5]
--- An entry counted in the earlier layout (one count per key, mid-retry during a
--- rolling upgrade) keeps its count.
-if redis.call('HEXISTS', KEYS[3], field) == 0
-    and redis.call('HGET', KEYS[3], 'delivery_entry') == ARGV[5] then
-  redis.call('HSET', KEYS[3], field, redis.call('HGET', KEYS[3], 'delivery_attempts') or 0)
-end
 local n = redis.call('HINCRBY', KEYS[3], field, 1)
-redis.call('HSET', KEYS[3], 'delivery_entry', ARGV[5], 'delivery_attempts', n)
+-- An entry counted in the earlier layout (one count per key, mid-retry during a
+-- rolling upgrade) keeps its count. Wherever `delivery_entry` names this entry,
+-- `delivery_attempts` equals its field (both are set together, here and in
+-- deliver_unlock.lua), so adding it to a fresh field adds 0 in this layout.
+if n == 1 and redis.call('HGET', KEYS[3], 'delivery_entry') == ARGV[5] then
+  n = redis.call('HINCRBY', KEYS[3], field,
+    tonumber(redis.call('HGET', KEYS[3], 'delivery_attempts') or '0') or 0)
+end
+redis.call('HSET', KEYS[3], 'last_seen', ARGV[3], 'delivery_entry', ARGV[5],
+  'delivery_attempts', n)
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return {'claimed', n}
