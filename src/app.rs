@@ -56,6 +56,7 @@ impl<S: Store> App<S> {
         let reloader = Arc::new(Reloader::new(
             gate.live().clone(),
             queue.clone(),
+            gate.lifetimes().clone(),
             metrics.clone(),
         ));
         let console = Console::new(config, metrics).with_live(gate.live().clone());

@@ -29,6 +29,7 @@ use crate::config::{Config, ConfigError};
 use crate::gate::{Live, Settings};
 use crate::metrics::Metrics;
 use crate::queue::AsyncMode;
+use crate::store::RouteLifetimes;
 
 /// Why a reload applied nothing.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,8 @@ pub struct Reloader {
     live: Live,
     /// The async routes' policies, swapped with the routes (none without async routes).
     queue: Option<Arc<AsyncMode>>,
+    /// Every route's lease and retention, shared by the gates and every runtime's store.
+    lifetimes: RouteLifetimes,
     metrics: Arc<Metrics>,
     /// The configuration the process started with: its listeners, store and async
     /// workers were built from it, and stay.
@@ -76,11 +79,17 @@ pub struct Reloader {
 impl Reloader {
     /// The reloader of the settings in `live`, which were built from the configuration
     /// the process started with.
-    pub fn new(live: Live, queue: Option<Arc<AsyncMode>>, metrics: Arc<Metrics>) -> Reloader {
+    pub fn new(
+        live: Live,
+        queue: Option<Arc<AsyncMode>>,
+        lifetimes: RouteLifetimes,
+        metrics: Arc<Metrics>,
+    ) -> Reloader {
         let started = live.load().config().clone();
         Reloader {
             live,
             queue,
+            lifetimes,
             metrics,
             started,
             busy: tokio::sync::Mutex::new(()),
@@ -141,6 +150,9 @@ impl Reloader {
         if let Some(queue) = &self.queue {
             queue.update(settings.config());
         }
+        // Before the routes: a delivery that sees the new routes claims with their
+        // lifetimes.
+        self.lifetimes.set(settings.config());
         self.live.store(settings);
         Ok(Applied { changes, loaded_at })
     }
