@@ -58,6 +58,9 @@ impl ReloadError {
 /// What a reload put in force.
 pub struct Applied {
     pub changes: Changes,
+    /// What became of the log filter: `unchanged`, the new filter, or why the file's
+    /// new `log` is not in force (`IDEMGATE_LOG` holds it).
+    pub log: String,
     pub loaded_at: SystemTime,
 }
 
@@ -123,7 +126,8 @@ impl Reloader {
         self.metrics.reload.record(result.is_ok());
         match &result {
             Ok(applied) => {
-                tracing::info!(trigger, changes = %applied.changes, "configuration reloaded")
+                tracing::info!(trigger, changes = %applied.changes, log = %applied.log, "configuration reloaded");
+                tracing::debug!(trigger, "configuration in force");
             }
             Err(e) => tracing::error!(
                 trigger,
@@ -147,6 +151,7 @@ impl Reloader {
         let settings =
             Settings::build(config, routes, &self.metrics).map_err(ReloadError::Invalid)?;
         let loaded_at = settings.loaded_at();
+        let log = self.log_level(settings.config())?;
         if let Some(queue) = &self.queue {
             queue.update(settings.config());
         }
@@ -154,6 +159,33 @@ impl Reloader {
         // lifetimes.
         self.lifetimes.set(settings.config());
         self.live.store(settings);
-        Ok(Applied { changes, loaded_at })
+        Ok(Applied {
+            changes,
+            log,
+            loaded_at,
+        })
+    }
+
+    /// Puts `new`'s log filter in force when it changed; says what became of it.
+    fn log_level(&self, new: &Config) -> Result<String, ReloadError> {
+        let settings = self.live.load();
+        let old = &settings.config().log;
+        let new = &new.log;
+        if new.field == "IDEMGATE_LOG" {
+            return Ok(if new.in_file != old.in_file {
+                format!(
+                    "`log` changed in the file, but IDEMGATE_LOG holds it ({})",
+                    new.filter
+                )
+            } else {
+                "unchanged".to_string()
+            });
+        }
+        if new.filter == old.filter {
+            return Ok("unchanged".to_string());
+        }
+        crate::logging::set_level(&new.filter)
+            .map_err(|e| ReloadError::Invalid(ConfigError::new("log", e)))?;
+        Ok(new.filter.clone())
     }
 }

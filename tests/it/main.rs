@@ -33,6 +33,7 @@ mod e2e_protect;
 mod e2e_providers;
 mod e2e_reload;
 mod e2e_reload_lifetimes;
+mod e2e_reload_log;
 mod e2e_reload_storm;
 mod e2e_roundtrips;
 mod e2e_route_dedup;
