@@ -57,6 +57,7 @@ impl<S: Store> App<S> {
             gate.live().clone(),
             queue.clone(),
             gate.lifetimes().clone(),
+            gate.tracer().clone(),
             metrics.clone(),
         ));
         let console = Console::new(config, metrics).with_live(gate.live().clone());

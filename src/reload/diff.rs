@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::config::{AsyncRoute, Config, RouteConfig, RouteMode, Secret, Throttle};
 
 /// The fields whose change needs a restart, named as `check-config` names them: the
-/// listeners, the upstream client, the store, the `[async]` queue, `[tracing]`, and
+/// listeners, the upstream client, the store, the `[async]` queue, `[tracing]`'s exporter, and
 /// every async route's worker settings (its lease included: the worker renews at its
 /// pace; a retention may change, the stores read it per write). `started` is
 /// the configuration the process started with (its store and async workers were built
@@ -66,7 +66,16 @@ pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
         "async.max_queue",
         a.async_queue.max_queue == b.async_queue.max_queue,
     );
-    check("tracing", a.tracing == b.tracing);
+    // The sampler and `start_traces` change live (`Tracer::update`); the exporter,
+    // built at start (or not, without an endpoint), stays.
+    check(
+        "tracing.otlp_endpoint",
+        a.tracing.traces_url == b.tracing.traces_url,
+    );
+    check(
+        "tracing.service_name",
+        a.tracing.service_name == b.tracing.service_name,
+    );
     for r in &b.routes {
         // An async route's worker and queue were built at start: neither added,
         // nor turned sync, nor changed by a reload (a removed one keeps draining).

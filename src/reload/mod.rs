@@ -30,6 +30,7 @@ use crate::gate::{Live, Settings};
 use crate::metrics::Metrics;
 use crate::queue::AsyncMode;
 use crate::store::RouteLifetimes;
+use crate::trace::Tracer;
 
 /// Why a reload applied nothing.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,8 @@ pub struct Reloader {
     queue: Option<Arc<AsyncMode>>,
     /// Every route's lease and retention, shared by the gates and every runtime's store.
     lifetimes: RouteLifetimes,
+    /// The tracer every gate shares: its sampler and `start_traces` follow a reload.
+    tracer: Tracer,
     metrics: Arc<Metrics>,
     /// The configuration the process started with: its listeners, store and async
     /// workers were built from it, and stay.
@@ -86,6 +89,7 @@ impl Reloader {
         live: Live,
         queue: Option<Arc<AsyncMode>>,
         lifetimes: RouteLifetimes,
+        tracer: Tracer,
         metrics: Arc<Metrics>,
     ) -> Reloader {
         let started = live.load().config().clone();
@@ -93,6 +97,7 @@ impl Reloader {
             live,
             queue,
             lifetimes,
+            tracer,
             metrics,
             started,
             busy: tokio::sync::Mutex::new(()),
@@ -158,6 +163,7 @@ impl Reloader {
         // Before the routes: a delivery that sees the new routes claims with their
         // lifetimes.
         self.lifetimes.set(settings.config());
+        self.tracer.update(&settings.config().tracing);
         self.live.store(settings);
         Ok(Applied {
             changes,

@@ -35,6 +35,7 @@ mod e2e_reload;
 mod e2e_reload_lifetimes;
 mod e2e_reload_log;
 mod e2e_reload_storm;
+mod e2e_reload_tracing;
 mod e2e_roundtrips;
 mod e2e_route_dedup;
 mod e2e_runtimes;

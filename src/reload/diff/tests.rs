@@ -147,3 +147,20 @@ fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settin
     // Removed: its worker drains what is queued (mod.rs); nothing needs a restart.
     assert!(restart_needed(&started, &config(&route("s", &[S1], ""))).is_empty());
 }
+
+#[test]
+fn tracing_sampling_changes_live_its_exporter_needs_a_restart() {
+    let tracing = |extra: &str| {
+        config(&format!(
+            "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n{extra}\n"
+        ))
+    };
+    let old = tracing("");
+    let sampling = tracing("start_traces = true\nsample_ratio = 0.25");
+    assert!(restart_needed(&old, &sampling).is_empty());
+    assert_eq!(
+        restart_needed(&old, &tracing("service_name = \"other\"")),
+        ["tracing.service_name"]
+    );
+    assert_eq!(restart_needed(&old, &config("")), ["tracing.otlp_endpoint"]);
+}
