@@ -56,6 +56,8 @@ impl<S: Store> App<S> {
         let reloader = Arc::new(Reloader::new(
             gate.live().clone(),
             queue.clone(),
+            gate.lifetimes().clone(),
+            gate.tracer().clone(),
             metrics.clone(),
         ));
         let console = Console::new(config, metrics).with_live(gate.live().clone());

@@ -68,9 +68,6 @@ pub struct Gate<S> {
     upstream: Upstream,
     metrics: Arc<Metrics>,
     on_error: OnStoreError,
-    /// Every route's lease and retention (for an operator's replay of any route's key;
-    /// a delivery reads its route's own `route.dedup`).
-    lifetimes: RouteLifetimes,
     /// The async routes' queue hand-off (docs/async.md), built before the gate.
     async_mode: Option<Arc<crate::queue::AsyncMode>>,
     /// Spans for each delivery (docs/tracing.md); off by default.
@@ -123,7 +120,6 @@ impl<S: Store> Gate<S> {
             ),
             metrics,
             on_error: config.store.on_error,
-            lifetimes: RouteLifetimes::from_config(config),
             async_mode,
             tracer: Tracer::default(),
             scopes: Arc::default(),
@@ -219,7 +215,7 @@ impl<S: Store> Gate<S> {
 
     /// Every route's lease and retention (`[dedup]`'s for a route not configured).
     pub fn lifetimes(&self) -> &RouteLifetimes {
-        &self.lifetimes
+        self.store.lifetimes()
     }
 
     /// Handles one delivery from receipt to answer, and records it (metric + log line).
@@ -594,8 +590,14 @@ impl<S: Store> Gate<S> {
         } = delivery;
         let pq = route.upstream_target(parts.uri.path(), parts.uri.query());
         let t = Instant::now();
+        // The shorter of the lease this delivery started with and the store's now: a
+        // reload between the two cannot leave the claim renewed too slowly.
+        let lease = route
+            .dedup
+            .lease
+            .min(self.lifetimes().of(&route.name).lease);
         let result = lease::renewing(
-            route.dedup.lease,
+            lease,
             || self.timed(StoreOp::Renew, self.store.renew(key, token)),
             trace::forward(&self.upstream, self.outgoing(parts, headers, body, &pq, upstream_key)),
             |event| match event {

@@ -151,6 +151,28 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Batched {
     }
 }
 
+/// Sets the log filter in force: installed by the binary around its subscriber's
+/// filter (`tracing_subscriber::reload`), called at start and by a live reload.
+type LevelControl = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// The process's level control, once the binary installed one.
+static LEVEL: std::sync::OnceLock<LevelControl> = std::sync::OnceLock::new();
+
+/// Installs the control of the process's log filter (once; later calls are ignored).
+pub fn install_level_control(control: LevelControl) {
+    let _ = LEVEL.set(control);
+}
+
+/// Puts `filter` (a `tracing` filter: `info`, `warn,idemgate=debug`) in force for
+/// every line logged from now on. Without an installed control (a library user, a
+/// test) there is nothing to set: `Ok`.
+pub fn set_level(filter: &str) -> Result<(), String> {
+    match LEVEL.get() {
+        Some(control) => control(filter),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

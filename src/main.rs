@@ -55,7 +55,10 @@ enum Command {
 /// `write(2)` nor wakes a thread per line; the returned guard writes what is left when
 /// it drops, at exit.
 fn init_logging(default: &str) -> Result<idemgate::logging::Guard, String> {
-    let filter = std::env::var("IDEMGATE_LOG").unwrap_or_else(|_| default.to_string());
+    let filter = std::env::var("IDEMGATE_LOG")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string());
     let filter = EnvFilter::try_new(&filter).map_err(|e| format!("IDEMGATE_LOG: {e}"))?;
     let (writer, guard) = idemgate::logging::batched(std::io::stderr());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -63,9 +66,22 @@ fn init_logging(default: &str) -> Result<idemgate::logging::Guard, String> {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(writer);
+    // The filter sits behind a reload handle: the configuration's `log` and a live
+    // reload set it (`idemgate::logging::set_level`).
+    macro_rules! init_reloadable {
+        ($builder:expr) => {{
+            let builder = $builder.with_filter_reloading();
+            let handle = builder.reload_handle();
+            idemgate::logging::install_level_control(Box::new(move |filter: &str| {
+                let filter = EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
+                handle.reload(filter).map_err(|e| e.to_string())
+            }));
+            builder.init()
+        }};
+    }
     match std::env::var("IDEMGATE_LOG_FORMAT").as_deref() {
-        Ok("json") => builder.json().flatten_event(true).init(),
-        Ok("text") | Err(_) => builder.init(),
+        Ok("json") => init_reloadable!(builder.json().flatten_event(true)),
+        Ok("text") | Err(_) => init_reloadable!(builder),
         Ok(other) => {
             return Err(format!(
                 "IDEMGATE_LOG_FORMAT: `{other}` is not json or text"
@@ -206,6 +222,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
+            // The configuration's `log` (`IDEMGATE_LOG` over it), validated with it.
+            if let Err(e) = idemgate::logging::set_level(&config.log.filter) {
+                tracing::error!("invalid configuration: {}: {e}", config.log.field);
+                return ExitCode::from(1);
+            }
             if let Some(w) = config.memory_store_warning() {
                 tracing::warn!("{w}");
             }

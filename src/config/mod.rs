@@ -59,6 +59,18 @@ impl ConfigError {
 // The validated configuration.
 // ---------------------------------------------------------------------------------
 
+/// The log filter in force and where it came from: `IDEMGATE_LOG`, when set, wins over
+/// the file's `log` (as every `IDEMGATE_*` override does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogFilter {
+    /// A `tracing` filter (`info`, `warn,idemgate=debug`), validated.
+    pub filter: String,
+    /// `log`, or `IDEMGATE_LOG` when the variable holds it.
+    pub field: String,
+    /// What the file says (what a reload changes while the variable holds it).
+    pub in_file: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -96,6 +108,8 @@ pub struct Config {
     pub async_queue: AsyncConfig,
     /// `[tracing]`: OpenTelemetry export (off unless an endpoint is set).
     pub tracing: TracingConfig,
+    /// `log`: the filter of the process's log lines, changed by a live reload.
+    pub log: LogFilter,
     /// The file it was read from (`None`: defaults and environment only): what a live
     /// reload reads again (src/reload).
     pub source: Option<std::path::PathBuf>,

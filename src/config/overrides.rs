@@ -25,6 +25,24 @@ pub(super) fn overridden(
     }
 }
 
+/// `log` (`IDEMGATE_LOG` over it, default `info`), validated as a `tracing` filter.
+pub(super) fn log_filter(
+    env: &impl Fn(&str) -> Option<String>,
+    file: Option<String>,
+) -> Result<super::LogFilter, ConfigError> {
+    let (field, filter) = overridden(env, "IDEMGATE_LOG", "log", file.clone(), "info");
+    if filter.trim().is_empty() {
+        return Err(ConfigError::new(&field, "must name a level, e.g. \"info\""));
+    }
+    tracing_subscriber::EnvFilter::try_new(&filter)
+        .map_err(|e| ConfigError::new(&field, format!("`{filter}` is not a log filter: {e}")))?;
+    Ok(super::LogFilter {
+        filter,
+        field,
+        in_file: file,
+    })
+}
+
 /// Resolves `env:NAME`, `file:/path` or a literal into the secret's bytes.
 pub fn resolve_secret(
     field: &str,

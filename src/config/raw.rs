@@ -18,6 +18,8 @@ pub(super) struct RawConfig {
     pub(super) max_in_flight: Option<toml::Value>,
     pub(super) max_connections: Option<toml::Value>,
     pub(super) worker_threads: Option<toml::Value>,
+    /// The log filter (`IDEMGATE_LOG` over it).
+    pub(super) log: Option<String>,
     pub(super) store: Option<RawStore>,
     pub(super) dedup: Option<RawDedup>,
     /// Admin API tokens (they open `/admin/`): one source or several, each `[name=]env:X|file:/p`.

@@ -70,6 +70,7 @@ impl Config {
         let _ = writeln!(out, "body_timeout = {}", q(&d(self.body_timeout)));
         let _ = writeln!(out, "max_in_flight = {}", self.max_in_flight);
         let _ = writeln!(out, "max_connections = {}", self.max_connections);
+        let _ = writeln!(out, "log = {}", q(&self.log.filter));
         if self.worker_threads_from_quota {
             // Commented out, so that this output read again still follows the quota.
             let _ = writeln!(

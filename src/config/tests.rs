@@ -429,3 +429,28 @@ fn async_routes_take_throttling_and_ordering() {
         assert_eq!(err(&format!("{ROUTE}{name}\n")).field, field);
     }
 }
+
+#[test]
+fn log_is_a_tracing_filter_that_idemgate_log_overrides() {
+    assert_eq!(
+        Config::from_toml_with_env("", env_none).unwrap().log.filter,
+        "info"
+    );
+    let c = Config::from_toml_with_env("log = \"warn,idemgate=debug\"", env_none).unwrap();
+    assert_eq!(
+        (c.log.filter.as_str(), c.log.field.as_str()),
+        ("warn,idemgate=debug", "log")
+    );
+    for bad in ["idemgate=loud", ""] {
+        let e = Config::from_toml_with_env(&format!("log = \"{bad}\""), env_none).unwrap_err();
+        assert!(e.to_string().starts_with("log: "), "{e}");
+    }
+    let env = |n: &str| (n == "IDEMGATE_LOG").then(|| "debug".to_string());
+    let c = Config::from_toml_with_env("log = \"warn\"", env).unwrap();
+    assert_eq!(c.log.filter, "debug");
+    assert_eq!(c.log.field, "IDEMGATE_LOG");
+    assert_eq!(c.log.in_file.as_deref(), Some("warn"));
+    let bad = |n: &str| (n == "IDEMGATE_LOG").then(|| "x=loud".to_string());
+    let e = Config::from_toml_with_env("", bad).unwrap_err();
+    assert!(e.to_string().starts_with("IDEMGATE_LOG: "), "{e}");
+}

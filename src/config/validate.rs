@@ -506,6 +506,7 @@ pub(super) fn validate(
         routes,
         operator_tokens: operator_tokens(raw.admin_token, env)?,
         tracing: super::tracing::tracing(raw.tracing, env)?,
+        log: super::overrides::log_filter(env, raw.log)?,
         source: None,
     };
     bounds::relations(&config)?;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::config::{AsyncRoute, Config, RouteConfig, RouteMode, Secret, Throttle};
 
 /// The fields whose change needs a restart, named as `check-config` names them: the
-/// listeners, the upstream client, the store and its lifetimes, the `[async]` queue, `[tracing]`, and every async route's worker settings. `started` is
+/// listeners, the upstream client, the store, the `[async]` queue, `[tracing]`'s exporter, and
+/// every async route's worker settings (its lease included: the worker renews at its
+/// pace; a retention may change, the stores read it per write). `started` is
 /// the configuration the process started with (its store and async workers were built
 /// from it), `new` the one read now; empty: the reload may apply.
 pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
@@ -56,9 +58,6 @@ pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
         "store.recent_per_route",
         s.recent_per_route == t.recent_per_route,
     );
-    // The store keeps each route's lease and retention from start.
-    check("dedup.lease", a.dedup.lease == b.dedup.lease);
-    check("dedup.retention", a.dedup.retention == b.dedup.retention);
     check(
         "async.claim_idle",
         a.async_queue.claim_idle == b.async_queue.claim_idle,
@@ -67,14 +66,17 @@ pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
         "async.max_queue",
         a.async_queue.max_queue == b.async_queue.max_queue,
     );
-    check("tracing", a.tracing == b.tracing);
+    // The sampler and `start_traces` change live (`Tracer::update`); the exporter,
+    // built at start (or not, without an endpoint), stays.
+    check(
+        "tracing.otlp_endpoint",
+        a.tracing.traces_url == b.tracing.traces_url,
+    );
+    check(
+        "tracing.service_name",
+        a.tracing.service_name == b.tracing.service_name,
+    );
     for r in &b.routes {
-        let (now, then) = (b.dedup_of(&r.name), a.dedup_of(&r.name));
-        check(&format!("route {}: lease", r.name), now.lease == then.lease);
-        check(
-            &format!("route {}: retention", r.name),
-            now.retention == then.retention,
-        );
         // An async route's worker and queue were built at start: neither added,
         // nor turned sync, nor changed by a reload (a removed one keeps draining).
         let worker = a.routes.iter().find(|w| w.name == r.name);
@@ -117,6 +119,9 @@ fn worker_settings(r: &RouteConfig) -> String {
     r.custom.verify_token = None;
     r.dedup.in_flight = None;
     r.dedup.wait_timeout = None;
+    // The stores read the retention per write (`RouteLifetimes`); the lease stays:
+    // the worker renews its claims at the pace of the lease it started with.
+    r.dedup.retention = None;
     format!("{r:?}")
 }
 

@@ -29,6 +29,8 @@ use crate::config::{Config, ConfigError};
 use crate::gate::{Live, Settings};
 use crate::metrics::Metrics;
 use crate::queue::AsyncMode;
+use crate::store::RouteLifetimes;
+use crate::trace::Tracer;
 
 /// Why a reload applied nothing.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,9 @@ impl ReloadError {
 /// What a reload put in force.
 pub struct Applied {
     pub changes: Changes,
+    /// What became of the log filter: `unchanged`, the new filter, or why the file's
+    /// new `log` is not in force (`IDEMGATE_LOG` holds it).
+    pub log: String,
     pub loaded_at: SystemTime,
 }
 
@@ -65,6 +70,10 @@ pub struct Reloader {
     live: Live,
     /// The async routes' policies, swapped with the routes (none without async routes).
     queue: Option<Arc<AsyncMode>>,
+    /// Every route's lease and retention, shared by the gates and every runtime's store.
+    lifetimes: RouteLifetimes,
+    /// The tracer every gate shares: its sampler and `start_traces` follow a reload.
+    tracer: Tracer,
     metrics: Arc<Metrics>,
     /// The configuration the process started with: its listeners, store and async
     /// workers were built from it, and stay.
@@ -76,11 +85,19 @@ pub struct Reloader {
 impl Reloader {
     /// The reloader of the settings in `live`, which were built from the configuration
     /// the process started with.
-    pub fn new(live: Live, queue: Option<Arc<AsyncMode>>, metrics: Arc<Metrics>) -> Reloader {
+    pub fn new(
+        live: Live,
+        queue: Option<Arc<AsyncMode>>,
+        lifetimes: RouteLifetimes,
+        tracer: Tracer,
+        metrics: Arc<Metrics>,
+    ) -> Reloader {
         let started = live.load().config().clone();
         Reloader {
             live,
             queue,
+            lifetimes,
+            tracer,
             metrics,
             started,
             busy: tokio::sync::Mutex::new(()),
@@ -114,7 +131,8 @@ impl Reloader {
         self.metrics.reload.record(result.is_ok());
         match &result {
             Ok(applied) => {
-                tracing::info!(trigger, changes = %applied.changes, "configuration reloaded")
+                tracing::info!(trigger, changes = %applied.changes, log = %applied.log, "configuration reloaded");
+                tracing::debug!(trigger, "configuration in force");
             }
             Err(e) => tracing::error!(
                 trigger,
@@ -138,10 +156,42 @@ impl Reloader {
         let settings =
             Settings::build(config, routes, &self.metrics).map_err(ReloadError::Invalid)?;
         let loaded_at = settings.loaded_at();
+        let log = self.log_level(settings.config())?;
         if let Some(queue) = &self.queue {
             queue.update(settings.config());
         }
+        // Before the routes: a delivery that sees the new routes claims with their
+        // lifetimes.
+        self.lifetimes.set(settings.config());
+        self.tracer.update(&settings.config().tracing);
         self.live.store(settings);
-        Ok(Applied { changes, loaded_at })
+        Ok(Applied {
+            changes,
+            log,
+            loaded_at,
+        })
+    }
+
+    /// Puts `new`'s log filter in force when it changed; says what became of it.
+    fn log_level(&self, new: &Config) -> Result<String, ReloadError> {
+        let settings = self.live.load();
+        let old = &settings.config().log;
+        let new = &new.log;
+        if new.field == "IDEMGATE_LOG" {
+            return Ok(if new.in_file != old.in_file {
+                format!(
+                    "`log` changed in the file, but IDEMGATE_LOG holds it ({})",
+                    new.filter
+                )
+            } else {
+                "unchanged".to_string()
+            });
+        }
+        if new.filter == old.filter {
+            return Ok("unchanged".to_string());
+        }
+        crate::logging::set_level(&new.filter)
+            .map_err(|e| ReloadError::Invalid(ConfigError::new("log", e)))?;
+        Ok(new.filter.clone())
     }
 }

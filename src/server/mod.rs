@@ -139,7 +139,12 @@ pub async fn run(
             let first = Breaker::sharing(store, &breaker);
             let more: StoreFactory<_> = {
                 let config = config.clone();
-                Arc::new(move || Ok(Breaker::sharing(RedisStore::from_config(&config)?, &first)))
+                // One lifetimes handle for every runtime's store: one reload swaps it.
+                let lifetimes = first.inner().lifetimes().clone();
+                Arc::new(move || {
+                    let store = RedisStore::from_config(&config)?.with_lifetimes(lifetimes.clone());
+                    Ok(Breaker::sharing(store, &first))
+                })
             };
             let store = breaker;
             Bound::bind_runtimes(&config, &routes, store, Some(queue), more)

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::log::{ClaimLog, Settled};
-use super::{Claim, DeliveryKey, Store, StoreError, StoredResponse, Token};
+use super::{Claim, DeliveryKey, RouteLifetimes, Store, StoreError, StoredResponse, Token};
 use crate::providers::Fingerprint;
 
 /// Where the breaker stands.
@@ -298,6 +298,10 @@ impl<S: Store> Store for Breaker<S> {
 
     fn broken(&self) -> Option<String> {
         self.inner.broken()
+    }
+
+    fn lifetimes(&self) -> &RouteLifetimes {
+        self.inner.lifetimes()
     }
 
     fn confirms_completions(&self) -> bool {

@@ -180,71 +180,112 @@ pub struct Lifetimes {
     pub retention: Duration,
 }
 
-/// Every route's `Lifetimes`, fixed per store at start: a route's own (its `lease` and
-/// `retention` over `[dedup]`'s), or the default for a route not listed. Each use in a
-/// store is `self.lifetimes.of(&key.route)`.
-#[derive(Debug, Clone)]
-pub struct RouteLifetimes {
+/// Every route's `Lifetimes`: a route's own (its `lease` and `retention` over
+/// `[dedup]`'s), or the default for a route not listed. One handle, cloned into every
+/// store of the process (each runtime's) and the gate, that a live reload swaps whole
+/// (`set`): a claim or completion made after the switch uses the new values; what was
+/// written before keeps the TTL it was given. Each use in a store is
+/// `self.lifetimes.of(&key.route)`, one atomic load.
+#[derive(Clone)]
+pub struct RouteLifetimes(std::sync::Arc<arc_swap::ArcSwap<LifetimesTable>>);
+
+/// The lifetimes in force: the default and the routes whose lifetimes differ from it.
+#[derive(Debug, Clone, PartialEq)]
+struct LifetimesTable {
     default: Lifetimes,
-    /// The routes whose lifetimes differ from `default`.
-    routes: std::sync::Arc<std::collections::HashMap<std::sync::Arc<str>, Lifetimes>>,
+    routes: std::collections::HashMap<std::sync::Arc<str>, Lifetimes>,
+}
+
+impl LifetimesTable {
+    /// The lifetimes of `config`'s routes, `[dedup]`'s for any other route.
+    fn of_config(config: &crate::config::Config) -> LifetimesTable {
+        let of = |d: &crate::config::DedupConfig| Lifetimes {
+            lease: d.lease,
+            retention: d.retention,
+        };
+        let mut table = LifetimesTable {
+            default: of(&config.dedup),
+            routes: Default::default(),
+        };
+        for r in &config.routes {
+            table.set_route(&r.name, of(&r.dedup.over(&config.dedup)));
+        }
+        table
+    }
+
+    fn set_route(&mut self, route: &str, lifetimes: Lifetimes) {
+        if lifetimes == self.default {
+            self.routes.remove(route);
+        } else {
+            self.routes.insert(route.into(), lifetimes);
+        }
+    }
+}
+
+impl std::fmt::Debug for RouteLifetimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.load().fmt(f)
+    }
 }
 
 impl RouteLifetimes {
     /// The lifetimes of the configured routes, `[dedup]`'s for any other route.
     pub fn from_config(config: &crate::config::Config) -> RouteLifetimes {
-        let of = |d: &crate::config::DedupConfig| Lifetimes {
-            lease: d.lease,
-            retention: d.retention,
-        };
-        let mut table = RouteLifetimes::from(of(&config.dedup));
-        for r in &config.routes {
-            table = table.with_route(&r.name, of(&r.dedup.over(&config.dedup)));
-        }
-        table
+        RouteLifetimes::of_table(LifetimesTable::of_config(config))
     }
 
-    /// These lifetimes with `route`'s set to `lifetimes`.
-    pub fn with_route(mut self, route: &str, lifetimes: Lifetimes) -> RouteLifetimes {
-        let routes = std::sync::Arc::make_mut(&mut self.routes);
-        if lifetimes == self.default {
-            routes.remove(route);
-        } else {
-            routes.insert(route.into(), lifetimes);
-        }
+    fn of_table(table: LifetimesTable) -> RouteLifetimes {
+        RouteLifetimes(std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(table)))
+    }
+
+    /// Puts `config`'s lifetimes in force for every holder of this handle (a reload).
+    pub fn set(&self, config: &crate::config::Config) {
+        self.0
+            .store(std::sync::Arc::new(LifetimesTable::of_config(config)));
+    }
+
+    /// These lifetimes with `route`'s set to `lifetimes` (a builder: every clone of
+    /// this handle sees it).
+    pub fn with_route(self, route: &str, lifetimes: Lifetimes) -> RouteLifetimes {
+        let mut table = LifetimesTable::clone(&self.0.load());
+        table.set_route(route, lifetimes);
+        self.0.store(std::sync::Arc::new(table));
         self
     }
 
     /// `[dedup]`'s lifetimes, those of any route that sets none.
     pub fn default(&self) -> Lifetimes {
-        self.default
+        self.0.load().default
     }
 
     /// The shortest retention of any route (the in-process store's sweep pace).
     pub fn shortest_retention(&self) -> Duration {
-        self.routes
+        let table = self.0.load();
+        table
+            .routes
             .values()
             .map(|l| l.retention)
-            .fold(self.default.retention, Duration::min)
+            .fold(table.default.retention, Duration::min)
     }
 
     /// The lifetimes of `route`'s keys.
     pub fn of(&self, route: &str) -> Lifetimes {
+        let table = self.0.load();
         // Most configurations set none per route: no lookup at all then.
-        if self.routes.is_empty() {
-            return self.default;
+        if table.routes.is_empty() {
+            return table.default;
         }
-        self.routes.get(route).copied().unwrap_or(self.default)
+        table.routes.get(route).copied().unwrap_or(table.default)
     }
 }
 
 /// One set of lifetimes for every route.
 impl From<Lifetimes> for RouteLifetimes {
     fn from(default: Lifetimes) -> RouteLifetimes {
-        RouteLifetimes {
+        RouteLifetimes::of_table(LifetimesTable {
             default,
             routes: Default::default(),
-        }
+        })
     }
 }
 
@@ -328,6 +369,10 @@ pub trait Store: log::DeliveryLog + Send + Sync + 'static {
     fn confirms_completions(&self) -> bool {
         false
     }
+
+    /// Its routes' lease and retention: the handle a live reload swaps (the gate
+    /// shares it, so that the gate and its store never disagree).
+    fn lifetimes(&self) -> &RouteLifetimes;
 
     /// Why the store cannot work again while the process runs (the `file:` store's
     /// writer stopped on a disk error): `/healthz` fails with it, so the kubelet

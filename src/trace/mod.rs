@@ -30,8 +30,8 @@ pub use span::{Kind, Record, Span, SpanData, Value};
 
 /// The exporter's side of a tracer: where finished spans go.
 pub(crate) struct Inner {
-    sampler: Sampler,
-    start_traces: bool,
+    /// The sampler and `start_traces`, swapped whole by a live reload (`update`).
+    policy: arc_swap::ArcSwap<Policy>,
     queue: Arc<export::Queue>,
     queue_full: IntCounter,
     /// Asks the exporter to flush and stop; it answers on the enclosed sender.
@@ -44,6 +44,24 @@ impl Inner {
     fn send(&self, span: SpanData) {
         if !self.queue.push(span) {
             self.queue_full.inc();
+        }
+    }
+}
+
+/// Which traces are recorded: what a reload may change (the exporter's endpoint and
+/// service name need a restart).
+#[derive(Debug, Clone, Copy)]
+struct Policy {
+    sampler: Sampler,
+    /// Whether a request without `traceparent` starts a trace.
+    start_traces: bool,
+}
+
+impl Policy {
+    fn of(config: &TracingConfig) -> Policy {
+        Policy {
+            sampler: config.sampler,
+            start_traces: config.start_traces,
         }
     }
 }
@@ -68,12 +86,19 @@ impl Tracer {
         );
         tokio::spawn(exporter.run(queue.clone(), stopped));
         Tracer(Some(Arc::new(Inner {
-            sampler: config.sampler,
-            start_traces: config.start_traces,
+            policy: arc_swap::ArcSwap::from_pointee(Policy::of(config)),
             queue,
             queue_full: dropped.with_label_values(&["queue_full"]),
             stop: Mutex::new(Some(stop)),
         })))
+    }
+
+    /// Puts `config`'s sampler and `start_traces` in force for every trace started
+    /// from now on (a live reload); nothing when tracing is off.
+    pub fn update(&self, config: &TracingConfig) {
+        if let Some(inner) = &self.0 {
+            inner.policy.store(Arc::new(Policy::of(config)));
+        }
     }
 
     /// Whether spans are recorded at all.
@@ -92,14 +117,15 @@ impl Tracer {
         kind: Kind,
     ) -> Option<Span> {
         let inner = self.0.as_ref()?;
-        if parent.is_none() && !inner.start_traces {
+        let policy = **inner.policy.load();
+        if parent.is_none() && !policy.start_traces {
             return None;
         }
         let trace_id = match parent {
             Some(p) => p.trace_id,
             None => random_trace_id(),
         };
-        if !sampled(inner.sampler, parent.as_ref(), &trace_id) {
+        if !sampled(policy.sampler, parent.as_ref(), &trace_id) {
             return None;
         }
         Some(Span {

@@ -9,7 +9,7 @@ use crate::common::admin::{TOKEN, api};
 use crate::common::*;
 
 /// Polls `cond` (async) every 50 ms until true; panics with `what` after `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut cond: F)
+pub(crate) async fn eventually<F, Fut>(within: Duration, what: &str, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -37,7 +37,7 @@ fn builder(upstream: &Upstream, secrets: &[&str]) -> SidecarBuilder {
 }
 
 /// Rewrites the sidecar's config file whole (write, then rename: never half-read).
-fn rewrite(sc: &Sidecar, text: &str) {
+pub(crate) fn rewrite(sc: &Sidecar, text: &str) {
     let tmp = sc.dir().join("idemgate.toml.new");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, sc.config_path()).unwrap();

@@ -61,7 +61,7 @@ fn a_rotated_secret_is_logged_by_index_and_an_identical_file_is_no_change() {
 }
 
 #[test]
-fn listeners_store_tracing_and_lifetimes_need_a_restart_admin_tokens_do_not() {
+fn listeners_and_the_store_need_a_restart_lifetimes_and_admin_tokens_do_not() {
     let old = config(&route("a", &[S1], ""));
     let new = config(
         &("listen = \"127.0.0.1:1\"\nworker_threads = 7\nadmin_token = \"ops=ops-token-abcdefghijklmnop\"\n\
@@ -70,17 +70,16 @@ fn listeners_store_tracing_and_lifetimes_need_a_restart_admin_tokens_do_not() {
             + &route("a", &[S1], "lease = \"9s\"")),
     );
     let fields = restart_needed(&old, &new);
-    for f in [
-        "listen",
-        "worker_threads",
-        "store.url",
-        "dedup.retention",
-        "route a: lease",
-        "route a: retention",
-    ] {
+    for f in ["listen", "worker_threads", "store.url"] {
         assert!(fields.iter().any(|x| x == f), "{f} not in {fields:?}");
     }
-    assert!(!fields.iter().any(|x| x == "dedup.lease"), "{fields:?}");
+    // The stores read every route's lease and retention from one swapped handle.
+    assert!(
+        !fields
+            .iter()
+            .any(|x| x.contains("lease") || x.contains("retention")),
+        "{fields:?}"
+    );
     assert!(
         !fields.iter().any(|x| x.contains("admin_token")),
         "{fields:?}"
@@ -116,7 +115,11 @@ fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settin
         "mode = \"async\"\nack_body = \"other\"\nmax_concurrency = 2\nrate = 5\nbackoff = \"2s\"\nmax_attempts = 3",
     ));
     assert!(restart_needed(&started, &policy).is_empty());
+    // Its retention changes live (the stores read it per write); its lease does not
+    // (the worker renews at the pace of the lease it started with).
+    assert!(restart_needed(&started, &config(&q("retention = \"2h\""))).is_empty());
     for held in [
+        q("lease = \"9s\""),
         route(
             "q",
             &[S1],
@@ -143,4 +146,21 @@ fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settin
     );
     // Removed: its worker drains what is queued (mod.rs); nothing needs a restart.
     assert!(restart_needed(&started, &config(&route("s", &[S1], ""))).is_empty());
+}
+
+#[test]
+fn tracing_sampling_changes_live_its_exporter_needs_a_restart() {
+    let tracing = |extra: &str| {
+        config(&format!(
+            "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n{extra}\n"
+        ))
+    };
+    let old = tracing("");
+    let sampling = tracing("start_traces = true\nsample_ratio = 0.25");
+    assert!(restart_needed(&old, &sampling).is_empty());
+    assert_eq!(
+        restart_needed(&old, &tracing("service_name = \"other\"")),
+        ["tracing.service_name"]
+    );
+    assert_eq!(restart_needed(&old, &config("")), ["tracing.otlp_endpoint"]);
 }

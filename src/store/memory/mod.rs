@@ -192,7 +192,8 @@ impl MemoryStore {
         let inner = Arc::new(Table::new(options.max_memory, drift, options.journal));
         // With routes of different retentions, the shortest: a sweep then never waits
         // behind a longer-lived entry (each entry's own expiry decides what goes).
-        let retention = later(0, options.lifetimes.shortest_retention());
+        // Read per pass: a reload may shorten it.
+        let lifetimes = options.lifetimes.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Table> = Arc::downgrade(&inner);
             handle.spawn(async move {
@@ -200,6 +201,7 @@ impl MemoryStore {
                 loop {
                     tick.tick().await;
                     let Some(table) = weak.upgrade() else { return };
+                    let retention = later(0, lifetimes.shortest_retention());
                     for i in 0..table.shard_count() {
                         let mut budget = table.marks(i);
                         loop {
@@ -586,6 +588,10 @@ impl Store for MemoryStore {
 
     fn broken(&self) -> Option<String> {
         self.broken_journal()
+    }
+
+    fn lifetimes(&self) -> &RouteLifetimes {
+        &self.lifetimes
     }
 }
 

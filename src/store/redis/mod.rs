@@ -458,8 +458,10 @@ impl RedisStore {
         &self.prefix
     }
 
-    pub(crate) fn lifetimes(&self) -> &RouteLifetimes {
-        &self.lifetimes
+    /// The same store on `lifetimes`: another runtime's store shares the first one's
+    /// handle, so that one reload reaches them all.
+    pub fn with_lifetimes(self, lifetimes: RouteLifetimes) -> Self {
+        RedisStore { lifetimes, ..self }
     }
 }
 
@@ -554,6 +556,10 @@ impl crate::store::log::DeliveryLog for RedisStore {
 }
 
 impl Store for RedisStore {
+    fn lifetimes(&self) -> &RouteLifetimes {
+        &self.lifetimes
+    }
+
     async fn claim(
         &self,
         key: &DeliveryKey,
