@@ -44,9 +44,14 @@ impl<S: Store> App<S> {
         let metrics = Arc::new(Metrics::new());
         let tracer = Tracer::new(&config.tracing, &metrics.trace_spans_dropped);
         let backend = queue;
+        let lifetimes = store.lifetimes().clone();
         let queue = match &backend {
-            Some(b) => AsyncMode::new(config, routes, b.clone(), &metrics)?
-                .map(|q| Arc::new(q.with_tracer(tracer.clone()))),
+            Some(b) => AsyncMode::new(config, routes, b.clone(), &metrics)?.map(|q| {
+                Arc::new(
+                    q.with_tracer(tracer.clone())
+                        .with_lifetimes(lifetimes.clone()),
+                )
+            }),
             None => None,
         };
         let gate = Arc::new(

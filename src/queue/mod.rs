@@ -122,6 +122,9 @@ pub struct AsyncMode {
     tasks: TaskTracker,
     /// Spans for each append and delivery attempt (docs/tracing.md); off by default.
     tracer: crate::trace::Tracer,
+    /// The routes' leases in force (the store's handle, that a reload swaps): each
+    /// attempt renews its claim at the pace of its route's lease then.
+    lifetimes: crate::store::RouteLifetimes,
 }
 
 impl AsyncMode {
@@ -146,11 +149,7 @@ impl AsyncMode {
                     cfg: arc_swap::ArcSwap::from_pointee(cfg.clone()),
                     metrics: metrics.queue(&rc.name),
                     order,
-                    pace: pace::Pace::new(
-                        cfg.throttle.max_concurrency,
-                        config.upstream_timeout,
-                        config.store.timeout,
-                    ),
+                    pace: pace::Pace::new(config.upstream_timeout, config.store.timeout),
                     acks: worker::Acks::default(),
                 }),
             );
@@ -172,12 +171,19 @@ impl AsyncMode {
             stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
             tracer: crate::trace::Tracer::default(),
+            lifetimes: crate::store::RouteLifetimes::from_config(config),
         }))
     }
 
     /// Async mode with its appends and attempts traced by `tracer`.
     pub fn with_tracer(mut self, tracer: crate::trace::Tracer) -> Self {
         self.tracer = tracer;
+        self
+    }
+
+    /// Async mode reading its routes' leases from `lifetimes` (the store's handle).
+    pub fn with_lifetimes(mut self, lifetimes: crate::store::RouteLifetimes) -> Self {
+        self.lifetimes = lifetimes;
         self
     }
 
@@ -188,12 +194,13 @@ impl AsyncMode {
 
     /// Puts in force the policies of `config`'s async routes (a live reload, once the
     /// configuration is valid and may apply: the routes are this mode's own, and their
-    /// `max_concurrency` and `order_key` unchanged). A route `config` no longer has
+    /// `order_key` unchanged). A route `config` no longer has
     /// keeps its last policy: its worker delivers what is queued.
     pub fn update(&self, config: &Config) {
         for rc in &config.routes {
             if let (RouteMode::Async(cfg), Some(state)) = (&rc.mode, self.routes.get(&rc.name)) {
                 state.cfg.store(Arc::new(cfg.clone()));
+                state.pace.bound_changed();
             }
         }
     }

@@ -6,10 +6,11 @@
 //! `Retry-After` holds the whole route (on every sidecar sharing the store).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 
 use super::{AsyncMode, AsyncRouteState};
 use crate::store::pacing::{Admit, Ask};
@@ -36,26 +37,59 @@ const READ_ADMITS: Duration = Duration::from_millis(50);
 /// permit that keeps a sidecar's waiters from asking the store all at once.
 pub(super) struct Admitted {
     slot: String,
-    _local: Option<OwnedSemaphorePermit>,
+    _local: Option<LocalPermit>,
 }
 
 /// What a route's pacing needs beyond its configuration.
 pub(super) struct Pace {
-    /// At most `max_concurrency` of this sidecar's entries ask or deliver at once.
-    pub(super) local: Option<Arc<Semaphore>>,
+    /// This sidecar's entries asking or delivering under a `max_concurrency` (bounded
+    /// by the value in force at each admission, so that a reload moves the bound).
+    local: Arc<LocalCount>,
     pub(super) slot_ttl: Duration,
 }
 
+/// How many local permits are out, and the waiters to wake when one returns or a
+/// reload raises the bound.
+#[derive(Default)]
+struct LocalCount {
+    taken: AtomicUsize,
+    freed: Notify,
+}
+
+/// One of `LocalCount`'s permits; returned on drop.
+struct LocalPermit(Arc<LocalCount>);
+
+impl Drop for LocalPermit {
+    fn drop(&mut self) {
+        self.0.taken.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_waiters();
+    }
+}
+
 impl Pace {
-    pub(super) fn new(
-        max_concurrency: Option<u32>,
-        upstream_timeout: Duration,
-        store_timeout: Duration,
-    ) -> Pace {
+    pub(super) fn new(upstream_timeout: Duration, store_timeout: Duration) -> Pace {
         Pace {
-            local: max_concurrency.map(|n| Arc::new(Semaphore::new(n as usize))),
+            local: Arc::default(),
             slot_ttl: upstream_timeout + store_timeout * 2 + SLOT_SLACK,
         }
+    }
+
+    /// Takes a local permit if fewer than `bound` are out; `None` otherwise.
+    fn try_take(&self, bound: u32) -> Option<LocalPermit> {
+        let c = &self.local.taken;
+        let mut n = c.load(Ordering::Acquire);
+        while n < bound as usize {
+            match c.compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(LocalPermit(self.local.clone())),
+                Err(now) => n = now,
+            }
+        }
+        None
+    }
+
+    /// Wakes the waiters for a local permit (a reload may have raised the bound).
+    pub(super) fn bound_changed(&self) {
+        self.local.freed.notify_waiters();
     }
 }
 
@@ -94,37 +128,55 @@ impl AsyncMode {
         order: Option<(&str, &str)>,
     ) -> Option<Admitted> {
         let route: &str = &state.route.name;
-        let cfg = state.cfg.load();
-        let t = &cfg.throttle;
-        // The slot's name matters only where there are slots to take.
-        let slot = match t.max_concurrency {
-            Some(_) => format!(
-                "{}:{}",
-                self.consumer,
-                crate::store::Token::random().to_hex()
-            ),
-            None => String::new(),
-        };
-        let ask = Ask {
-            slot: &slot,
-            order,
-            max_concurrency: t.max_concurrency.unwrap_or(0),
-            rate: t.rate.unwrap_or(0.0),
-            burst: t.burst,
-            slot_ttl: state.pace.slot_ttl,
-        };
+        let mut slot = String::new();
         loop {
-            let local = match &state.pace.local {
-                Some(s) => tokio::select! {
-                    _ = self.stop.cancelled() => return None,
-                    p = s.clone().acquire_owned() => Some(p.ok()?),
-                },
+            // The policy in force at each try: a reload moves the bounds of the next.
+            let cfg = state.cfg.load();
+            let t = &cfg.throttle;
+            // The slot's name matters only where there are slots to take.
+            if t.max_concurrency.is_some() && slot.is_empty() {
+                slot = format!(
+                    "{}:{}",
+                    self.consumer,
+                    crate::store::Token::random().to_hex()
+                );
+            }
+            let slotted = t.max_concurrency.is_some();
+            let ask = Ask {
+                slot: if slotted { &slot } else { "" },
+                order,
+                max_concurrency: t.max_concurrency.unwrap_or(0),
+                rate: t.rate.unwrap_or(0.0),
+                burst: t.burst,
+                slot_ttl: state.pace.slot_ttl,
+            };
+            let local = match t.max_concurrency {
+                Some(bound) => {
+                    let freed = state.pace.local.freed.notified();
+                    tokio::pin!(freed);
+                    freed.as_mut().enable();
+                    match state.pace.try_take(bound) {
+                        Some(p) => Some(p),
+                        None => {
+                            tokio::select! {
+                                _ = self.stop.cancelled() => return None,
+                                _ = freed => {}
+                                _ = tokio::time::sleep(BUSY_POLL) => {}
+                            }
+                            continue;
+                        }
+                    }
+                }
                 None => None,
             };
             let wait = match self.backend.admit(route, ask).await {
                 Ok(Admit::Go) => {
                     return Some(Admitted {
-                        slot,
+                        slot: if slotted {
+                            std::mem::take(&mut slot)
+                        } else {
+                            String::new()
+                        },
                         _local: local,
                     });
                 }
@@ -171,7 +223,8 @@ impl AsyncMode {
 
     /// Gives an attempt's concurrency slot back (its local permit goes with it).
     pub(super) async fn leave(&self, state: &AsyncRouteState, admitted: Admitted) {
-        if state.cfg.load().throttle.max_concurrency.is_none() {
+        // A slot taken under the bound in force then (a reload may have lifted it).
+        if admitted.slot.is_empty() {
             return;
         }
         if let Err(e) = self.backend.leave(&state.route.name, &admitted.slot).await {

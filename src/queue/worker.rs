@@ -559,7 +559,9 @@ impl AsyncMode {
             },
         );
         let route = &*state.route.name;
-        lease::renewing(state.route.dedup.lease, || self.backend.renew(key, token), call, |event| match event {
+        // The lease in force at this attempt (a reload may have changed it).
+        let pace = self.lifetimes.of(route).lease;
+        lease::renewing(pace, || self.backend.renew(key, token), call, |event| match event {
             LeaseEvent::Lost => tracing::warn!(route, key = key.logged(), "delivery claim lost while the upstream call ran"),
             LeaseEvent::Failed(e) => tracing::warn!(route, key = key.logged(), error = %e, "renewing the delivery claim failed"),
         })

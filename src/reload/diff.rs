@@ -9,8 +9,8 @@ use crate::config::{AsyncRoute, Config, RouteConfig, RouteMode, Secret, Throttle
 
 /// The fields whose change needs a restart, named as `check-config` names them: the
 /// listeners, the upstream client, the store, the `[async]` queue, `[tracing]`'s exporter, and
-/// every async route's worker settings (its lease included: the worker renews at its
-/// pace; a retention may change, the stores read it per write). `started` is
+/// every async route's worker settings (not its lease nor retention: the stores read
+/// them per write, the worker the lease per attempt). `started` is
 /// the configuration the process started with (its store and async workers were built
 /// from it), `new` the one read now; empty: the reload may apply.
 pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
@@ -92,8 +92,7 @@ pub fn restart_needed(started: &Config, new: &Config) -> Vec<String> {
 /// An async route's settings that its worker holds from start: all but its secrets,
 /// timestamp tolerance and copy handling (the gate reads them per delivery) and its
 /// async policy (acknowledgement, attempts, backoff, rate: the worker loads it per
-/// attempt), except `max_concurrency` (this process's own bound is sized at start) and
-/// `order_key`.
+/// attempt, and `max_concurrency` at each admission), except `order_key`.
 fn worker_settings(r: &RouteConfig) -> String {
     let mut r = r.clone();
     if let RouteMode::Async(a) = &mut r.mode {
@@ -105,7 +104,7 @@ fn worker_settings(r: &RouteConfig) -> String {
             backoff: Duration::ZERO,
             max_backoff: Duration::ZERO,
             throttle: Throttle {
-                max_concurrency: a.throttle.max_concurrency,
+                max_concurrency: None,
                 rate: None,
                 burst: 0.0,
                 retry_after_cap: Duration::ZERO,
@@ -119,9 +118,10 @@ fn worker_settings(r: &RouteConfig) -> String {
     r.custom.verify_token = None;
     r.dedup.in_flight = None;
     r.dedup.wait_timeout = None;
-    // The stores read the retention per write (`RouteLifetimes`); the lease stays:
-    // the worker renews its claims at the pace of the lease it started with.
+    // The stores read the lease and retention per write (`RouteLifetimes`), the
+    // worker the lease per attempt.
     r.dedup.retention = None;
+    r.dedup.lease = None;
     format!("{r:?}")
 }
 

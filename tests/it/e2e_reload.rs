@@ -506,3 +506,46 @@ async fn an_async_route_s_acknowledgement_and_retry_policy_change_live() {
     )
     .await;
 }
+
+/// An async route's `max_concurrency` changes live: under 1, one attempt at a time;
+/// reloaded to 3, three run at once (the attempt in flight at the switch counts), and
+/// never more. Redis: its slot admission takes the bound per call too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_route_s_max_concurrency_changes_live() {
+    use crate::common::probe_app::{ProbeApp, Reply};
+    let redis = RedisServer::start_new();
+    let app = ProbeApp::start(|_| Reply::ok(Duration::from_secs(3))).await;
+    let bounded = |n: u32| {
+        let mut q = RouteCfg::standard("q", "/webhooks/q");
+        q.extra = format!("mode = \"async\"\nmax_concurrency = {n}\n");
+        SidecarBuilder::new(&app.url(), &redis.url())
+            .route(q)
+            .env("IDEMGATE_ADMIN_TOKEN", TOKEN)
+    };
+    let sc = bounded(1).start().await;
+    const N: usize = 8;
+    for _ in 0..N {
+        let a = sc.send(&Delivery::fresh().path("/webhooks/q")).await;
+        assert_eq!(a.status, 200, "{a:?}");
+    }
+    app.wait_for_ok(2, Duration::from_secs(60)).await;
+    assert_eq!(
+        app.most_at_once(),
+        1,
+        "one at a time under max_concurrency = 1"
+    );
+
+    rewrite(&sc, &bounded(3).toml(sc.listen, sc.admin));
+    let a = api(&sc, "POST", "/admin/reload", Some(TOKEN)).await;
+    assert_eq!(a.status, 200, "{:?}", a.json);
+    assert_eq!(a.json["changes"], "routes edited: q");
+    eventually(
+        Duration::from_secs(60),
+        "three attempts at once",
+        || async { app.most_at_once() >= 3 },
+    )
+    .await;
+    app.wait_for_ok(N, Duration::from_secs(60)).await;
+    assert_eq!(app.most_at_once(), 3, "never more than the new bound");
+    assert_eq!(app.calls().len(), N, "each delivered once");
+}

@@ -93,7 +93,8 @@ fn listeners_and_the_store_need_a_restart_lifetimes_and_admin_tokens_do_not() {
 }
 
 #[test]
-fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settings() {
+fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settings_but_its_bound_and_lease()
+ {
     let q = |extra: &str| {
         route(
             "q",
@@ -115,19 +116,16 @@ fn an_async_route_may_rotate_secrets_and_change_its_policy_not_its_worker_settin
         "mode = \"async\"\nack_body = \"other\"\nmax_concurrency = 2\nrate = 5\nbackoff = \"2s\"\nmax_attempts = 3",
     ));
     assert!(restart_needed(&started, &policy).is_empty());
-    // Its retention changes live (the stores read it per write); its lease does not
-    // (the worker renews at the pace of the lease it started with).
+    // Its retention and lease change live (the stores read them per write, the worker
+    // the lease per attempt), and its `max_concurrency` (read at each admission).
     assert!(restart_needed(&started, &config(&q("retention = \"2h\""))).is_empty());
-    for held in [
-        q("lease = \"9s\""),
-        route(
-            "q",
-            &[S1],
-            "mode = \"async\"\nack_body = \"ok\"\nmax_concurrency = 3",
-        ),
-        q("order_key = \"header:x\""),
-        q("upstream_path = \"/x\""),
-    ] {
+    assert!(restart_needed(&started, &config(&q("lease = \"9s\""))).is_empty());
+    for bound in ["max_concurrency = 3", ""] {
+        let moved = format!("mode = \"async\"\nack_body = \"ok\"\n{bound}");
+        let moved = config(&route("q", &[S1], &moved));
+        assert!(restart_needed(&started, &moved).is_empty(), "{bound}");
+    }
+    for held in [q("order_key = \"header:x\""), q("upstream_path = \"/x\"")] {
         assert_eq!(
             restart_needed(&started, &config(&held)),
             ["route q: async route settings"],
