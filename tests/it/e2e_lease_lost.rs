@@ -113,20 +113,25 @@ async fn a_lost_claim_taken_by_another_is_answered_503_with_replica_acks() {
         Mode::Stall(Duration::from_secs(4)),
         Mode::Stall(Duration::from_secs(4)),
     ]);
+    // As long an ack timeout as the 2 s lease allows (under the store timeout, itself at
+    // most half the lease): on a busy machine the replica's acknowledgement can take
+    // longer than half a second, and nothing here depends on it being short.
     let acked = |b: SidecarBuilder| {
         b.store_raw("min_replicas_ack", "1")
-            .store_opt("replicas_ack_timeout", "500ms")
+            .store_opt("timeout", "1s")
+            .store_opt("replicas_ack_timeout", "900ms")
     };
     let a = acked(sidecar(&up, &master.url())).start().await;
     let b = acked(sidecar(&up, &master.url())).start().await;
     let d = Delivery::fresh();
     let first = a.send_spawned(&d);
-    up.wait_for_count(1, Duration::from_secs(5)).await;
+    up.wait_for_count(1, Duration::from_secs(20)).await;
     signal(a.pid(), "-STOP");
-    // The claim lapses 2 s after its last renewal; then the copy claims it on `b`.
+    // The claim lapses 2 s after its last renewal (made before the stop); then the
+    // copy claims it on `b`.
     tokio::time::sleep(Duration::from_millis(2600)).await;
     let second = b.send_spawned(&d);
-    up.wait_for_count(2, Duration::from_secs(5)).await;
+    up.wait_for_count(2, Duration::from_secs(20)).await;
     signal(a.pid(), "-CONT");
     let first = first.await.expect("first delivery");
     first.assert_error(503, "store_unavailable");
