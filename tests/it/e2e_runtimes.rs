@@ -19,16 +19,7 @@ fn two_runtimes(up: &Upstream, store_url: &str) -> SidecarBuilder {
 
 /// Sends `d` on a new connection of its own.
 fn send_alone(sc: &Sidecar, d: &Delivery) -> tokio::task::JoinHandle<Answer> {
-    let client = http_client();
-    let url = sc.url(&d.path);
-    let headers = d.headers();
-    let body = d.body.clone();
-    let id = d.id.clone();
-    tokio::spawn(async move {
-        post(&client, &url, &headers, body)
-            .await
-            .unwrap_or_else(|e| panic!("delivery {id} failed at the HTTP level: {e:?}"))
-    })
+    sc.send_spawned_on(http_client(), d)
 }
 
 /// Connections each runtime accepted.

@@ -1201,7 +1201,15 @@ impl Sidecar {
 
     /// A future sending the delivery, independent of `self` (for spawning).
     pub fn send_spawned(&self, d: &Delivery) -> tokio::task::JoinHandle<Answer> {
-        let client = self.client.clone();
+        self.send_spawned_on(self.client.clone(), d)
+    }
+
+    /// As `send_spawned`, through `client` (a new one: a connection of its own).
+    pub fn send_spawned_on(
+        &self,
+        client: reqwest::Client,
+        d: &Delivery,
+    ) -> tokio::task::JoinHandle<Answer> {
         let url = self.url(&d.path);
         let headers = d.headers();
         let body = d.body.clone();
